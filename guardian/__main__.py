@@ -1,0 +1,3 @@
+from guardian.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""vLLM's ``/metrics`` page → one ``CoreReading`` per engine core.
+
+Pure: text in, readings out. The extractor does not depend on the order or
+presence of families (pages differ across vLLM versions, data parallel and
+multiprocess mode); a family that is absent stays ``None``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from guardian.sample import CoreReading, Histogram
+from guardian.sources.promtext import Labels, Page
+
+PREFIX = "vllm:"
+
+# reading field -> the vLLM families it may come from, newest name first
+_SCALARS: dict[str, tuple[str, ...]] = {
+    "running": ("vllm:num_requests_running",),
+    "waiting": ("vllm:num_requests_waiting",),
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "preemptions_total": ("vllm:num_preemptions_total",),
+    "prompt_tokens_total": ("vllm:prompt_tokens_total",),
+    "generation_tokens_total": ("vllm:generation_tokens_total",),
+    "requests_finished_total": ("vllm:request_success_total",),  # summed over finished_reason
+    "prefix_cache_queries_total": ("vllm:prefix_cache_queries_total",),
+    "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total",),
+    "spec_drafts_total": ("vllm:spec_decode_num_drafts_total",),
+    "spec_draft_tokens_total": ("vllm:spec_decode_num_draft_tokens_total",),
+    "spec_accepted_tokens_total": ("vllm:spec_decode_num_accepted_tokens_total",),
+}
+
+# histograms guardian derives latency quantiles from, by short name
+LATENCY_HISTOGRAMS: dict[str, str] = {
+    "e2e": "vllm:e2e_request_latency_seconds",
+    "ttft": "vllm:time_to_first_token_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+}
+
+
+def has_engine_stats(page: Page) -> bool:
+    """False for a server started with ``--disable-log-stats``: no vLLM engine families at all."""
+    return any(name.startswith(PREFIX) and name != "vllm:cache_config_info" for name in page.samples)
+
+
+def cores_from_page(page: Page) -> tuple[CoreReading, ...]:
+    cores: dict[str, dict[str, object]] = {}
+
+    def core(labels: Labels) -> dict[str, object]:
+        key = labels.get("engine", "")
+        found = cores.get(key)
+        if found is None:
+            found = cores[key] = {"core": key, "histograms": {}}
+        if "model_name" not in found and "model_name" in labels:
+            found["model_name"] = labels["model_name"]
+        return found
+
+    for field_name, names in _SCALARS.items():
+        for name in names:
+            entries = page.get(name)
+            if not entries:
+                continue
+            for labels, value in entries:
+                target = core(labels)
+                if _finite(value):
+                    # several series per core (finished_reason, …) add up
+                    target[field_name] = float(target.get(field_name) or 0.0) + value  # type: ignore[arg-type]
+            break
+
+    for labels, value in page.get("vllm:engine_sleep_state"):
+        if labels.get("sleep_state") == "awake":
+            core(labels)["sleeping"] = value == 0
+
+    for labels, _ in page.get("vllm:cache_config_info"):
+        core(labels)["cache_config"] = {k: v for k, v in labels.items() if k != "engine"}
+
+    for name in _histogram_names(page):
+        for key, hist in _histograms(page, name).items():
+            target = cores.get(key[0]) or core({"engine": key[0], "model_name": key[1]})
+            target["histograms"][name] = hist  # type: ignore[index]
+
+    return tuple(CoreReading(**fields) for _, fields in sorted(cores.items()))  # type: ignore[arg-type]
+
+
+def _histogram_names(page: Page) -> list[str]:
+    return [
+        name
+        for name, kind in page.types.items()
+        if kind == "histogram" and name.startswith(PREFIX) and name + "_bucket" in page.samples
+    ]
+
+
+def _histograms(page: Page, name: str) -> dict[tuple[str, str], Histogram]:
+    """Histograms of one family keyed by (engine, model_name)."""
+    buckets: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for labels, value in page.get(name + "_bucket"):
+        le = labels.get("le")
+        if le is None:
+            continue
+        try:
+            bound = float(le)
+        except ValueError:
+            continue
+        buckets.setdefault(_series(labels), []).append((bound, value))
+    counts = {_series(labels): value for labels, value in page.get(name + "_count")}
+    sums = {_series(labels): value for labels, value in page.get(name + "_sum")}
+    created = {_series(labels): value for labels, value in page.get(name + "_created")}
+    result: dict[tuple[str, str], Histogram] = {}
+    for key, items in buckets.items():
+        items.sort()
+        if not items or items[-1][0] != math.inf:
+            continue  # no +Inf bucket: not a usable histogram
+        result[key] = Histogram(
+            buckets=tuple(items), count=counts.get(key), sum=sums.get(key), created=created.get(key)
+        )
+    return result
+
+
+def _series(labels: Labels) -> tuple[str, str]:
+    return labels.get("engine", ""), labels.get("model_name", "")
+
+
+def _finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))
