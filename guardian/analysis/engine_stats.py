@@ -1,0 +1,143 @@
+"""Per-engine signals derived from successive Samples: latency quantiles, rates, restarts.
+
+One ``EngineTracker`` per configured engine keeps the windows; ``update``
+takes the engine's reading and the poll time and returns that poll's
+``EngineSignals``. Data-parallel cores are summed first (counters and
+histogram buckets add up), so an engine's P99 is the P99 of all its requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from guardian.analysis.window import CounterWindow, HistogramWindow, Quantiles
+from guardian.sample import EngineReading, Histogram
+from guardian.sources.vllm_page import LATENCY_HISTOGRAMS
+
+_COUNTERS = (
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "requests_finished_total",
+    "preemptions_total",
+    "spec_draft_tokens_total",
+    "spec_accepted_tokens_total",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSignals:
+    name: str
+    up: bool
+    healthy: bool | None
+    telemetry_lost: bool
+    failures_in_a_row: int
+    kv_cache_usage: float | None = None  # the fullest core
+    running: float | None = None
+    waiting: float | None = None
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    latency: dict[str, Quantiles | None] = field(default_factory=dict)  # e2e, ttft, itl, queue
+    prompt_tokens_per_second: float | None = None
+    generation_tokens_per_second: float | None = None
+    requests_per_second: float | None = None
+    preemptions_per_second: float | None = None
+    spec_acceptance_ratio: float | None = None
+    restarts_total: int = 0
+    processes_alive: int | None = None
+    rss_bytes: int | None = None
+
+
+class EngineTracker:
+    def __init__(self, name: str, window_seconds: float, lost_after_polls: int) -> None:
+        self.name = name
+        self.window = window_seconds
+        self.lost_after = lost_after_polls
+        horizon = window_seconds * 1.5
+        self._counters = {key: CounterWindow(horizon) for key in _COUNTERS}
+        self._histograms = {key: HistogramWindow(horizon) for key in LATENCY_HISTOGRAMS}
+        self._failures = 0
+        self._root_start: float | None = None
+        self.restarts = 0
+
+    def update(self, t: float, reading: EngineReading) -> EngineSignals:
+        self._failures = 0 if reading.up and not reading.stats_disabled else self._failures + 1
+        self._track_restart(reading)
+        procs = reading.processes
+        alive = [p for p in procs if p.alive] if procs is not None else None
+        base = dict(
+            name=self.name,
+            up=reading.up,
+            healthy=reading.healthy,
+            telemetry_lost=self._failures >= self.lost_after,
+            failures_in_a_row=self._failures,
+            restarts_total=self.restarts,
+            processes_alive=len(alive) if alive is not None else None,
+            rss_bytes=sum(p.rss_bytes for p in alive if p.rss_bytes is not None) if alive else None,
+        )
+        if not reading.up or not reading.cores:
+            return EngineSignals(**base)  # type: ignore[arg-type]
+        cores = reading.cores
+        for key, window in self._counters.items():
+            window.add(t, _sum(getattr(c, key) for c in cores))
+        for key, family in LATENCY_HISTOGRAMS.items():
+            self._histograms[key].add(t, _merge([c.histograms.get(family) for c in cores]))
+        rate = {key: w.rate(t, self.window) for key, w in self._counters.items()}
+        drafted = self._counters["spec_draft_tokens_total"].increase(t, self.window)
+        accepted = self._counters["spec_accepted_tokens_total"].increase(t, self.window)
+        return EngineSignals(
+            **base,  # type: ignore[arg-type]
+            kv_cache_usage=_max(c.kv_cache_usage for c in cores),
+            running=_sum(c.running for c in cores),
+            waiting=_sum(c.waiting for c in cores),
+            block_size=_first(c.block_size for c in cores),
+            num_gpu_blocks=_first(c.num_gpu_blocks for c in cores),
+            latency={key: w.quantiles(t, self.window) for key, w in self._histograms.items()},
+            prompt_tokens_per_second=rate["prompt_tokens_total"],
+            generation_tokens_per_second=rate["generation_tokens_total"],
+            requests_per_second=rate["requests_finished_total"],
+            preemptions_per_second=rate["preemptions_total"],
+            spec_acceptance_ratio=accepted / drafted if drafted and accepted is not None else None,
+        )
+
+    def _track_restart(self, reading: EngineReading) -> None:
+        """A new oldest start time in the process tree is a restart (pid reuse cannot fake it)."""
+        starts = [p.start_time for p in reading.processes or () if p.alive and p.start_time is not None]
+        if not starts:
+            return
+        root = min(starts)
+        if self._root_start is not None and root > self._root_start + 1.0:
+            self.restarts += 1
+        self._root_start = root
+
+
+def _merge(hists: list[Histogram | None]) -> Histogram | None:
+    present = [h for h in hists if h is not None]
+    if not present:
+        return None
+    if len(present) == 1:
+        return present[0]
+    bounds = [b for b, _ in present[0].buckets]
+    if any([b for b, _ in h.buckets] != bounds for h in present[1:]):
+        return present[0]  # layouts differ (mixed versions): keep the first core's view
+    counts = [sum(h.buckets[i][1] for h in present) for i in range(len(bounds))]
+    return Histogram(
+        buckets=tuple(zip(bounds, counts)),
+        count=_sum(h.count for h in present),
+        sum=_sum(h.sum for h in present),
+    )
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _max(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _first(values: Iterable[int | None]) -> int | None:
+    return next((v for v in values if v is not None), None)
+

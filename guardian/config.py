@@ -1,0 +1,407 @@
+"""guardian's TOML config: validated models and error messages a person can act on.
+
+Every refusal names the file, the key (``engines[0].url``), what is wrong and
+how to fix it, because the person reading it is usually an SRE editing a file
+on a host at night, not someone who can read a pydantic traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+EXIT_CONFIG = 2
+
+Attention = Literal["flash_attn", "triton", "flashinfer"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Problem(ValueError):
+    """A validator's refusal with the fix attached (pydantic keeps the message)."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(f"{message}\x00{fix}")
+
+
+class GuardianSection(_Model):
+    poll_interval_seconds: float = Field(1.0, gt=0, le=3600)
+    listen: str = "127.0.0.1:9400"
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    telemetry_lost_after_polls: int = Field(3, ge=1, le=1000)
+    nvml_timeout_seconds: float = Field(2.0, gt=0, le=60)
+    scrape_timeout_seconds: float | None = Field(None, gt=0, le=60)
+    latency_window_seconds: float = Field(60.0, gt=0, le=86400)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        parse_listen(value)
+        return value
+
+    @model_validator(mode="after")
+    def _timings(self) -> GuardianSection:
+        if self.scrape_timeout_seconds is not None and self.scrape_timeout_seconds >= self.poll_interval_seconds:
+            raise Problem(
+                f"scrape_timeout_seconds ({self.scrape_timeout_seconds}) is not below "
+                f"poll_interval_seconds ({self.poll_interval_seconds}): a slow engine would make every poll overrun",
+                "lower scrape_timeout_seconds or raise poll_interval_seconds",
+            )
+        if self.latency_window_seconds < 2 * self.poll_interval_seconds:
+            raise Problem(
+                f"latency_window_seconds ({self.latency_window_seconds}) holds fewer than two polls",
+                f"set latency_window_seconds to at least {2 * self.poll_interval_seconds:g}",
+            )
+        return self
+
+    @property
+    def scrape_timeout(self) -> float:
+        return self.scrape_timeout_seconds or 0.8 * self.poll_interval_seconds
+
+
+class ProcessSection(_Model):
+    """How to find an engine's processes; exactly one way."""
+
+    systemd_unit: str | None = None
+    pid_file: Path | None = None
+    match: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ProcessSection:
+        given = [k for k in ("systemd_unit", "pid_file", "match") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise Problem(
+                f"give exactly one of systemd_unit, pid_file, match (got {', '.join(given) or 'none'})",
+                'e.g. systemd_unit = "vllm.service" or match = "vllm serve"',
+            )
+        if self.pid_file is not None and not self.pid_file.is_absolute():
+            raise Problem(f"pid_file {str(self.pid_file)!r} is not an absolute path", 'use e.g. "/run/vllm/vllm.pid"')
+        if self.match is not None and not self.match.strip():
+            raise Problem("match is empty and would match every process", 'use e.g. match = "vllm serve"')
+        return self
+
+
+class EngineSection(_Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    url: str
+    api_key: SecretStr | None = None
+    api_key_file: Path | None = None
+    dev_mode: bool = False  # the server runs with VLLM_SERVER_DEV_MODE=1 (admin endpoints)
+    process: ProcessSection | None = None
+    gpus: list[int | str] | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise Problem(f"{value!r} is not an http(s) URL", 'use the server\'s base URL, e.g. "http://127.0.0.1:8000"')
+        try:
+            parts.port
+        except ValueError:
+            raise Problem(f"{value!r} has an invalid port", 'use e.g. "http://127.0.0.1:8000"') from None
+        if parts.query or parts.fragment:
+            raise Problem(f"{value!r} has a query or fragment", "give the base URL only; guardian adds /metrics and /health")
+        return value.rstrip("/")
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, value: list[int | str] | None) -> list[int | str] | None:
+        if value is not None:
+            for item in value:
+                check_gpu_id(item)
+        return value
+
+    @model_validator(mode="after")
+    def _key(self) -> EngineSection:
+        if self.api_key is not None and self.api_key_file is not None:
+            raise Problem("both api_key and api_key_file are set", "keep one (api_key_file keeps the key out of this file)")
+        return self
+
+    def read_api_key(self) -> str | None:
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        if self.api_key_file is not None:
+            return self.api_key_file.read_text().strip()
+        return None
+
+    @property
+    def is_loopback(self) -> bool:
+        host = urlsplit(self.url).hostname or ""
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+
+class GpuSection(_Model):
+    select: Literal["all"] | list[int | str] = "all"
+
+    @field_validator("select")
+    @classmethod
+    def _select(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            if not value:
+                raise Problem("select is an empty list: no GPU would be watched", 'use "all" or list indices/UUIDs')
+            for item in value:
+                check_gpu_id(item)
+        return value
+
+
+def valid_block_sizes(backend: Attention) -> str:
+    return "16, 32 or 64" if backend == "flashinfer" else "a multiple of 16 (16, 32, 48, …)"
+
+
+def block_size_ok(block_size: int, backend: Attention) -> bool:
+    if backend == "flashinfer":
+        return block_size in (16, 32, 64)
+    return block_size > 0 and block_size % 16 == 0
+
+
+class PresetSection(_Model):
+    """An engine profile (vLLM start-up arguments), checked against vLLM's own rules."""
+
+    max_num_seqs: int = Field(ge=1, le=65536)
+    block_size: int = 16
+    enable_chunked_prefill: bool = True
+    swap_space_gb: float | None = Field(None, ge=0)
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"] = "auto"
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    attention_backend: Attention = "flash_attn"
+
+    @model_validator(mode="after")
+    def _block_size(self) -> PresetSection:
+        if not block_size_ok(self.block_size, self.attention_backend):
+            lower = max(16, self.block_size // 16 * 16)
+            raise Problem(
+                f"block_size = {self.block_size} is refused by vLLM's {self.attention_backend} attention backend, "
+                f"which needs {valid_block_sizes(self.attention_backend)}",
+                f"use block_size = {lower} or {lower + 16 if self.attention_backend != 'flashinfer' else 32}",
+            )
+        return self
+
+
+class BreakerSection(_Model):
+    """Thresholds of the three-level breaker (enter above, leave below: the gap is the hysteresis)."""
+
+    l1_enter_fragmentation_ratio: float = Field(0.35, gt=0, lt=1)
+    l1_exit_fragmentation_ratio: float = Field(0.30, gt=0, lt=1)
+    l2_enter_kv_usage_ratio: float = Field(0.90, gt=0, le=1)
+    l2_exit_kv_usage_ratio: float = Field(0.85, gt=0, le=1)
+    l3_free_reserve_ratio: float = Field(0.10, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> BreakerSection:
+        for level, what in (("l1", "fragmentation_ratio"), ("l2", "kv_usage_ratio")):
+            enter = getattr(self, f"{level}_enter_{what}")
+            leave = getattr(self, f"{level}_exit_{what}")
+            if leave >= enter:
+                raise Problem(
+                    f"{level}_exit_{what} ({leave}) is not below {level}_enter_{what} ({enter}): "
+                    "the level would flap on every poll",
+                    f"set {level}_exit_{what} below {enter}, e.g. {round(enter - 0.05, 2)}",
+                )
+        return self
+
+
+class Config(_Model):
+    guardian: GuardianSection = GuardianSection()
+    gpus: GpuSection = GpuSection()
+    engines: list[EngineSection] = []
+    presets: dict[str, PresetSection] = {}
+    breaker: BreakerSection = BreakerSection()
+
+    @field_validator("engines")
+    @classmethod
+    def _unique(cls, engines: list[EngineSection]) -> list[EngineSection]:
+        seen: set[str] = set()
+        for engine in engines:
+            if engine.name in seen:
+                raise Problem(f"engine name {engine.name!r} is used twice", "give every [[engines]] its own name")
+            seen.add(engine.name)
+        return engines
+
+    def warnings(self) -> list[str]:
+        """Legal but risky settings, printed by check-config and logged at start."""
+        notes = []
+        for i, engine in enumerate(self.engines):
+            if engine.dev_mode and not engine.is_loopback:
+                notes.append(
+                    f"engines[{i}].url: {engine.url} is not a loopback address but dev_mode = true: vLLM's "
+                    "dev endpoints (/pause, /reset_prefix_cache, …) are unauthenticated; bind vLLM to 127.0.0.1"
+                )
+        for name, preset in self.presets.items():
+            if preset.swap_space_gb:
+                notes.append(
+                    f"presets.{name}.swap_space_gb: --swap-space no longer exists in vLLM's V1 engine; "
+                    "this setting is ignored"
+                )
+        host, _ = parse_listen(self.guardian.listen)
+        if not _loopback_host(host):
+            notes.append(f"guardian.listen: {self.guardian.listen} is reachable from other hosts")
+        return notes
+
+
+def check_gpu_id(item: int | str) -> None:
+    if isinstance(item, int):
+        if item < 0:
+            raise Problem(f"GPU index {item} is negative", "use indices as nvidia-smi shows them: 0, 1, …")
+    elif item.startswith("MIG-"):
+        raise Problem(f"{item!r} is a MIG slice", "select its parent GPU; its MIG slices are reported under it")
+    elif not item.startswith("GPU-"):
+        raise Problem(f"{item!r} is neither a GPU index nor a UUID", 'use 0 or "GPU-8f6c…" (nvidia-smi -L)')
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise Problem(f"{value!r} is not HOST:PORT", 'use e.g. "127.0.0.1:9400"')
+    return host, int(port)
+
+
+def _loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    key: str
+    message: str
+    fix: str
+
+
+class ConfigError(Exception):
+    """The config was refused; ``str()`` is the full report."""
+
+    def __init__(self, path: str, issues: list[ConfigIssue]) -> None:
+        self.path = path
+        self.issues = issues
+        lines = [f"{path}: {len(issues)} problem{'s' if len(issues) != 1 else ''}"]
+        for issue in issues:
+            where = f"{path}: {issue.key}" if issue.key else path
+            lines.append(f"{where}: {issue.message}")
+            if issue.fix:
+                lines.append(f"    fix: {issue.fix}")
+        super().__init__("\n".join(lines))
+
+
+def load(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(str(path), [ConfigIssue("", "file not found", "check the path given to --config")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), [ConfigIssue("", f"cannot read the file: {exc}", "check its permissions and encoding")]) from None
+    return loads(text, str(path))
+
+
+def loads(text: str, path: str = "<config>") -> Config:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, [ConfigIssue("", f"not valid TOML: {exc}", "fix the syntax at the line shown")]) from None
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(path, [_issue(err) for err in exc.errors()]) from None
+
+
+def _key(loc: tuple[Any, ...]) -> str:
+    key = ""
+    for part in loc:
+        if isinstance(part, int):
+            key += f"[{part}]"
+        else:
+            key += f".{part}" if key else str(part)
+    return key
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    model: Any = Config
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        annotation = field.annotation
+        model = _model_in(annotation)
+        if model is None:
+            return []
+    return list(getattr(model, "model_fields", {}))
+
+
+def _model_in(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _issue(err: Any) -> ConfigIssue:
+    # drop pydantic's union-member tags ("int", "list[…]") from the location
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in ("int", "str", "float"))))
+    key = _key(loc)
+    kind = err["type"]
+    message = str(err["msg"])
+    if kind == "value_error" and "\x00" in message:
+        text = message.removeprefix("Value error, ")
+        what, fix = text.split("\x00", 1)
+        return ConfigIssue(key, what, fix)
+    if kind == "extra_forbidden":
+        known = _fields_at(loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        fix = f"did you mean {close[0]!r}?" if close else ("known keys: " + ", ".join(known) if known else "remove it")
+        return ConfigIssue(key, "unknown key", fix)
+    if kind == "missing":
+        return ConfigIssue(key, "required key is missing", f"add {loc[-1]} = …")
+    value = err.get("input")
+    shown = "" if isinstance(value, (dict, list)) else f" (got {value!r})"
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        return ConfigIssue(key, f"wrong type{shown}: {message.lower()}", "write the value as the example config shows")
+    if kind == "string_pattern_mismatch":
+        return ConfigIssue(key, f"invalid value{shown}", "use letters, digits, '.', '_' or '-' (at most 64)")
+    return ConfigIssue(key, f"{message}{shown}", _range_fix(kind, err.get("ctx") or {}))
+
+
+def _range_fix(kind: str, ctx: dict[str, Any]) -> str:
+    bounds = {
+        "greater_than": "greater than {gt}",
+        "greater_than_equal": "at least {ge}",
+        "less_than": "less than {lt}",
+        "less_than_equal": "at most {le}",
+    }
+    if kind == "literal_error":
+        return f"use one of {ctx.get('expected')}"
+    template = bounds.get(kind)
+    return f"use a value {template.format(**ctx)}" if template else "see the example config in systemd/guardian.toml"

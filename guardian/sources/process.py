@@ -1,0 +1,176 @@
+"""The vLLM process tree through psutil: API server, engine core(s), workers.
+
+Finding the processes is the expensive part (``systemctl``, a scan of
+``/proc``), so the roots are found once and looked for again only when one of
+them is gone; reading RSS, CPU and start time of a known tree is cheap.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+from guardian.config import ProcessSection
+from guardian.sample import ProcReading
+
+RESCAN_SECONDS = 30.0  # how often a name match looks for new roots while the old ones live
+
+
+class ProcessNotFound(RuntimeError):
+    pass
+
+
+class ProcessSource:
+    def __init__(self, section: ProcessSection, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
+        self._section = section
+        self._cgroup_root = cgroup_root
+        self._cgroup: Path | None = None
+        self._roots: list[psutil.Process] = []
+        self._scanned_at = 0.0
+        self._procs: dict[int, psutil.Process] = {}
+
+    def read(self) -> tuple[tuple[ProcReading, ...] | None, str | None]:
+        """The tree's readings, or (None, reason) when no process could be found."""
+        try:
+            roots = self._current_roots()
+        except ProcessNotFound as exc:
+            return None, str(exc)
+        seen: dict[int, psutil.Process] = {}
+        for root in roots:
+            seen[root.pid] = root
+            try:
+                for child in root.children(recursive=True):
+                    seen.setdefault(child.pid, self._procs.get(child.pid, child))
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        self._procs = seen
+        return tuple(_reading(p) for p in seen.values()), None
+
+    def _current_roots(self) -> list[psutil.Process]:
+        alive = [p for p in self._roots if _running(p)]
+        stale = len(alive) < len(self._roots) or not alive
+        if self._section.match is not None and time.monotonic() - self._scanned_at > RESCAN_SECONDS:
+            stale = True
+        if self._section.systemd_unit is not None:
+            stale = True  # reading cgroup.procs is cheap and sees a restarted unit at once
+        if stale:
+            self._roots = self._find()
+            self._scanned_at = time.monotonic()
+            return self._roots
+        return alive
+
+    def _find(self) -> list[psutil.Process]:
+        s = self._section
+        if s.pid_file is not None:
+            return [_process(_pid_from_file(s.pid_file), f"pid file {s.pid_file}")]
+        if s.systemd_unit is not None:
+            return self._unit_processes(s.systemd_unit)
+        assert s.match is not None
+        return _match(s.match)
+
+    def _unit_processes(self, unit: str) -> list[psutil.Process]:
+        if self._cgroup is None:
+            self._cgroup = self._cgroup_root / _unit_cgroup(unit).lstrip("/")
+        try:
+            pids = [int(line) for line in (self._cgroup / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError) as exc:
+            self._cgroup = None
+            raise ProcessNotFound(f"unit {unit}: cannot read its cgroup ({exc})") from None
+        procs = [p for p in (_process_or_none(pid) for pid in pids) if p is not None]
+        if not procs:
+            raise ProcessNotFound(f"unit {unit} has no running process")
+        # keep only the tops of the tree: children are added by read()
+        pidset = {p.pid for p in procs}
+        return [p for p in procs if _ppid(p) not in pidset]
+
+
+def _unit_cgroup(unit: str) -> str:
+    try:
+        out = subprocess.run(
+            ["systemctl", "show", "--property=ControlGroup", "--value", unit],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except FileNotFoundError:
+        raise ProcessNotFound(f"unit {unit}: systemctl is not available on this host") from None
+    except (subprocess.SubprocessError, OSError) as exc:
+        raise ProcessNotFound(f"unit {unit}: systemctl show failed ({exc})") from None
+    if not out:
+        raise ProcessNotFound(f"unit {unit} is not running (no control group)")
+    return out
+
+
+def _pid_from_file(path: Path) -> int:
+    try:
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise ProcessNotFound(f"pid file {path}: {exc.strerror or exc}") from None
+    if not text.isdigit():
+        raise ProcessNotFound(f"pid file {path} does not hold a pid ({text[:20]!r})")
+    return int(text)
+
+
+def _process(pid: int, where: str) -> psutil.Process:
+    found = _process_or_none(pid)
+    if found is None:
+        raise ProcessNotFound(f"{where}: process {pid} is not running")
+    return found
+
+
+def _process_or_none(pid: int) -> psutil.Process | None:
+    try:
+        proc = psutil.Process(pid)
+        proc.create_time()  # pins the identity: a reused pid later reads as a different process
+        return proc
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _match(pattern: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "name"]):
+        cmdline = " ".join(proc.info.get("cmdline") or []) or (proc.info.get("name") or "")
+        if pattern in cmdline:
+            found.append(proc)
+    if not found:
+        raise ProcessNotFound(f"no process matches {pattern!r}")
+    pids = {p.pid for p in found}
+    return [p for p in found if _ppid(p) not in pids]
+
+
+def _ppid(proc: psutil.Process) -> int | None:
+    try:
+        return proc.ppid()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _reading(proc: psutil.Process) -> ProcReading:
+    try:
+        with proc.oneshot():
+            cpu = proc.cpu_times()
+            return ProcReading(
+                pid=proc.pid,
+                name=proc.name(),
+                alive=proc.status() != psutil.STATUS_ZOMBIE,
+                rss_bytes=proc.memory_info().rss,
+                cpu_seconds=cpu.user + cpu.system,
+                start_time=proc.create_time(),
+                cmdline=" ".join(proc.cmdline())[:200] or None,
+            )
+    except psutil.NoSuchProcess:
+        return ProcReading(pid=proc.pid, name="?", alive=False)
+    except psutil.AccessDenied:
+        return ProcReading(pid=proc.pid, name="?", alive=True)

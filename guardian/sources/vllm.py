@@ -1,0 +1,98 @@
+"""Scraping one vLLM server: ``GET /metrics`` and ``GET /health``.
+
+Whatever goes wrong (refused, timeout, 5xx, HTML instead of metrics, a page
+cut off) ends as an ``EngineReading`` with ``up=False`` and a reason; nothing
+raises out of ``scrape``, so one bad engine cannot stop the poll of the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from guardian.sample import EngineReading
+from guardian.sources import promtext, vllm_page
+
+MAX_PAGE_BYTES = 16 * 1024 * 1024
+
+
+class VllmScraper:
+    def __init__(self, name: str, url: str, session: aiohttp.ClientSession, timeout: float, api_key: str | None = None) -> None:
+        self.name = name
+        self.url = url.rstrip("/")
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        # /metrics and /health need no key, but a proxy in front of vLLM may; never logged
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._parser = promtext.Parser()
+
+    async def scrape(self) -> EngineReading:
+        started = time.perf_counter()
+        metrics, health = await asyncio.gather(self._metrics(), self._health())
+        elapsed = time.perf_counter() - started
+        if isinstance(metrics, _Failure):
+            return EngineReading(
+                name=self.name, up=False, healthy=health, error=metrics.reason, error_kind=metrics.kind, scrape_seconds=elapsed
+            )
+        if not vllm_page.has_engine_stats(metrics):
+            return EngineReading(
+                name=self.name,
+                up=True,
+                healthy=health,
+                stats_disabled=True,
+                error="the page has no vllm: engine metrics (server started with --disable-log-stats?)",
+                error_kind="no_stats",
+                cores=vllm_page.cores_from_page(metrics),
+                scrape_seconds=elapsed,
+            )
+        return EngineReading(
+            name=self.name, up=True, healthy=health, cores=vllm_page.cores_from_page(metrics), scrape_seconds=elapsed
+        )
+
+    async def _metrics(self) -> promtext.Page | _Failure:
+        try:
+            async with self._session.get(self.url + "/metrics", timeout=self._timeout, headers=self._headers) as resp:
+                if resp.status != 200:
+                    return _Failure(_status_kind(resp.status), f"GET /metrics answered HTTP {resp.status}")
+                body = await resp.content.read(MAX_PAGE_BYTES + 1)
+                if len(body) > MAX_PAGE_BYTES:
+                    return _Failure("too_large", f"GET /metrics page is larger than {MAX_PAGE_BYTES} bytes")
+        except asyncio.TimeoutError:
+            return _Failure("timeout", f"GET /metrics did not answer within {self._timeout.total:g}s")
+        except aiohttp.ClientConnectorError as exc:
+            return _Failure("refused", f"cannot connect to {self.url}: {exc.os_error.strerror or exc}")
+        except aiohttp.ClientPayloadError as exc:
+            return _Failure("truncated", f"GET /metrics body was cut off: {exc}")
+        except (aiohttp.ClientError, OSError) as exc:
+            return _Failure("http_error", f"GET /metrics failed: {type(exc).__name__}: {exc}")
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return _Failure("parse", f"GET /metrics is not UTF-8 text (byte {exc.start})")
+        try:
+            return self._parser.parse(text)
+        except promtext.ParseError as exc:
+            return _Failure("parse", f"GET /metrics is not Prometheus text: {exc}")
+
+    async def _health(self) -> bool | None:
+        """True on 200, False on an answer that is not 200, None when there was no answer."""
+        try:
+            async with self._session.get(self.url + "/health", timeout=self._timeout, headers=self._headers) as resp:
+                await resp.read()
+                return resp.status == 200
+        except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
+            return None
+
+
+class _Failure:
+    __slots__ = ("kind", "reason")
+
+    def __init__(self, kind: str, reason: str) -> None:
+        self.kind = kind
+        self.reason = reason
+
+
+def _status_kind(status: int) -> str:
+    return "http_5xx" if status >= 500 else "http_4xx" if status >= 400 else "http_other"
