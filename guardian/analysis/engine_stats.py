@@ -9,10 +9,10 @@ histogram buckets add up), so an engine's P99 is the P99 of all its requests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from guardian.analysis.window import CounterWindow, HistogramWindow, Quantiles
-from guardian.sample import EngineReading, Histogram
+from guardian.sample import EngineReading, Histogram, ProcReading
 from guardian.sources.vllm_page import LATENCY_HISTOGRAMS
 
 _COUNTERS = (
@@ -46,6 +46,7 @@ class EngineSignals:
     restarts_total: int = 0
     processes_alive: int | None = None
     rss_bytes: int | None = None
+    gpu_memory_bytes: int | None = None  # NVML memory of the engine's processes, all GPUs
 
 
 class EngineTracker:
@@ -60,7 +61,7 @@ class EngineTracker:
         self._root_start: float | None = None
         self.restarts = 0
 
-    def update(self, t: float, reading: EngineReading) -> EngineSignals:
+    def update(self, t: float, reading: EngineReading, gpu_memory_by_pid: Mapping[int, int]) -> EngineSignals:
         self._failures = 0 if reading.up and not reading.stats_disabled else self._failures + 1
         self._track_restart(reading)
         procs = reading.processes
@@ -74,6 +75,7 @@ class EngineTracker:
             restarts_total=self.restarts,
             processes_alive=len(alive) if alive is not None else None,
             rss_bytes=sum(p.rss_bytes for p in alive if p.rss_bytes is not None) if alive else None,
+            gpu_memory_bytes=_gpu_memory(alive, gpu_memory_by_pid),
         )
         if not reading.up or not reading.cores:
             return EngineSignals(**base)  # type: ignore[arg-type]
@@ -109,6 +111,13 @@ class EngineTracker:
         if self._root_start is not None and root > self._root_start + 1.0:
             self.restarts += 1
         self._root_start = root
+
+
+def _gpu_memory(alive: list[ProcReading] | None, by_pid: Mapping[int, int]) -> int | None:
+    if not alive or not by_pid:
+        return None
+    used = [by_pid[p.pid] for p in alive if p.pid in by_pid]
+    return sum(used) if used else None
 
 
 def _merge(hists: list[Histogram | None]) -> Histogram | None:

@@ -1,0 +1,335 @@
+"""guardian's own HTTP surface: ``/metrics`` (Prometheus), ``/healthz``, ``/status`` (JSON).
+
+Readings and derived signals are rendered from the latest ``Snapshot`` at
+scrape time by a custom collector, so an unknown value is simply absent from
+the page (Prometheus then shows a gap, not a fake 0). Counters that outlive a
+poll (errors, polls, reloads) are ordinary prometheus_client metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from dataclasses import asdict
+from typing import Any, Callable, Iterable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from guardian import __version__
+from guardian.snapshot import Snapshot
+
+
+class Metrics:
+    """The counters and histograms the daemon updates as things happen."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot | None]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        Gauge("guardian_build_info", "guardian version and Python it runs on.", ["version", "python"], registry=r).labels(
+            __version__, platform.python_version()
+        ).set(1)
+        self.poll_duration = Histogram(
+            "guardian_poll_duration_seconds",
+            "Wall time of one poll (all sources, analysis, export).",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.polls = Counter("guardian_polls", "Polls completed.", registry=r)
+        self.polls_missed = Counter(
+            "guardian_polls_missed", "Polls skipped because the previous one was still running.", registry=r
+        )
+        self.scrape_errors = Counter(
+            "guardian_scrape_errors", "Failed scrapes of a vLLM server, by reason.", ["engine", "reason"], registry=r
+        )
+        self.nvml_errors = Counter("guardian_nvml_errors", "Failed NVML reads, by reason.", ["reason"], registry=r)
+        self.reloads = Counter("guardian_config_reloads", "Config reloads (SIGHUP), by outcome.", ["outcome"], registry=r)
+        self.last_poll = Gauge(
+            "guardian_last_poll_timestamp_seconds", "Unix time the latest poll finished.", registry=r
+        )
+        r.register(_SnapshotCollector(snapshot))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _SnapshotCollector:
+    def __init__(self, snapshot: Callable[[], Snapshot | None]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self._snapshot()
+        if snap is None:
+            return []
+        return [*_gpu_metrics(snap), *_engine_metrics(snap)]
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def _put(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: float | int | bool | None) -> None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return
+    family.add_metric(labels, float(value))
+
+
+def _gpu_metrics(snap: Snapshot) -> list[Metric]:
+    g = ["gpu"]
+    lost = _gauge("guardian_nvml_telemetry_lost", "1 when NVML has failed for several polls in a row.", [])
+    lost.add_metric([], 1.0 if snap.nvml_lost else 0.0)
+    info = _gauge("guardian_gpu_info", "GPU identity (value is always 1).", ["gpu", "uuid", "name", "driver"])
+    up = _gauge("guardian_gpu_up", "1 when every NVML field of this GPU could be read this poll.", g)
+    total = _gauge("guardian_gpu_memory_total_bytes", "GPU memory size.", g)
+    used = _gauge("guardian_gpu_memory_used_bytes", "GPU memory in use (NVML; vLLM pre-allocates most of it).", g)
+    free = _gauge("guardian_gpu_memory_free_bytes", "GPU memory free (NVML).", g)
+    reserved = _gauge("guardian_gpu_memory_reserved_bytes", "GPU memory reserved by the driver (NVML v2).", g)
+    util = _gauge("guardian_gpu_utilization_ratio", "Fraction of time a kernel was running (NVML).", g)
+    mem_util = _gauge("guardian_gpu_memory_busy_ratio", "Fraction of time device memory was read or written.", g)
+    power = _gauge("guardian_gpu_power_watts", "Power draw.", g)
+    energy = CounterMetricFamily("guardian_gpu_energy_joules", "Energy used since the driver loaded.", labels=g)
+    temp = _gauge("guardian_gpu_temperature_celsius", "GPU core temperature.", g)
+    proc = _gauge("guardian_gpu_process_memory_used_bytes", "GPU memory used by one compute process.", ["gpu", "pid"])
+    mig_used = _gauge("guardian_mig_memory_used_bytes", "Memory used in one MIG slice.", ["gpu", "mig", "uuid"])
+    mig_total = _gauge("guardian_mig_memory_total_bytes", "Memory size of one MIG slice.", ["gpu", "mig", "uuid"])
+    driver = snap.nvml.driver_version or ""
+    for gpu in snap.nvml.gpus:
+        lab = [str(gpu.index)]
+        info.add_metric([lab[0], gpu.uuid or "", gpu.name or "", driver], 1.0)
+        up.add_metric(lab, 0.0 if gpu.error else 1.0)
+        _put(total, lab, gpu.memory_total_bytes)
+        _put(used, lab, gpu.memory_used_bytes)
+        _put(free, lab, gpu.memory_free_bytes)
+        _put(reserved, lab, gpu.memory_reserved_bytes)
+        _put(util, lab, gpu.utilization_gpu_ratio)
+        _put(mem_util, lab, gpu.utilization_memory_ratio)
+        _put(power, lab, gpu.power_watts)
+        _put(energy, lab, gpu.energy_joules)
+        _put(temp, lab, gpu.temperature_celsius)
+        for p in gpu.processes or ():
+            _put(proc, [lab[0], str(p.pid)], p.used_bytes)
+        for m in gpu.mig:
+            _put(mig_used, [lab[0], str(m.index), m.uuid or ""], m.memory_used_bytes)
+            _put(mig_total, [lab[0], str(m.index), m.uuid or ""], m.memory_total_bytes)
+    return [lost, info, up, total, used, free, reserved, util, mem_util, power, energy, temp, proc, mig_used, mig_total]
+
+
+def _engine_metrics(snap: Snapshot) -> list[Metric]:
+    e = ["engine"]
+    ec = ["engine", "core", "model"]
+    up = _gauge("guardian_engine_up", "1 when the engine's /metrics page was scraped and parsed.", e)
+    healthy = _gauge("guardian_engine_healthy", "1 when /health answered 200, 0 when it answered otherwise.", e)
+    lost = _gauge("guardian_engine_telemetry_lost", "1 when the engine has been unreadable for several polls.", e)
+    fails = _gauge("guardian_engine_failed_polls", "Polls in a row the engine could not be read.", e)
+    scrape = _gauge("guardian_engine_scrape_duration_seconds", "Time the latest scrape took.", e)
+    kv = _gauge("guardian_engine_kv_cache_usage_ratio", "vLLM KV-cache usage (0..1) per engine core.", ec)
+    running = _gauge("guardian_engine_requests_running", "Requests in the running batch per engine core.", ec)
+    waiting = _gauge("guardian_engine_requests_waiting", "Requests queued per engine core.", ec)
+    block = _gauge("guardian_engine_kv_block_size_tokens", "KV-cache block size (from cache_config_info).", ec)
+    blocks = _gauge("guardian_engine_kv_gpu_blocks", "KV-cache blocks on the GPU (from cache_config_info).", ec)
+    latency = _gauge(
+        "guardian_engine_latency_seconds",
+        "Latency quantiles over the latency window, from vLLM histogram deltas.",
+        ["engine", "latency", "quantile"],
+    )
+    observed = _gauge(
+        "guardian_engine_latency_window_observations", "Observations the latency quantiles rest on.", ["engine", "latency"]
+    )
+    prompt = _gauge("guardian_engine_prompt_tokens_per_second", "Prefill tokens per second over the window.", e)
+    gen = _gauge("guardian_engine_generation_tokens_per_second", "Generated tokens per second over the window.", e)
+    reqs = _gauge("guardian_engine_requests_finished_per_second", "Finished requests per second over the window.", e)
+    preempt = _gauge("guardian_engine_preemptions_per_second", "Preemptions per second over the window.", e)
+    spec = _gauge("guardian_engine_spec_decode_acceptance_ratio", "Accepted / drafted speculative tokens.", e)
+    restarts = CounterMetricFamily("guardian_engine_restarts", "Restarts seen in the engine's process tree.", labels=e)
+    procs = _gauge("guardian_engine_processes", "Live processes in the engine's tree.", e)
+    rss = _gauge("guardian_engine_resident_memory_bytes", "Host RSS of the engine's process tree.", e)
+    gpu_mem = _gauge("guardian_engine_gpu_memory_used_bytes", "NVML memory used by the engine's processes.", e)
+    for reading in snap.sample.engines:
+        name = reading.name
+        sig = snap.engines.get(name)
+        lab = [name]
+        up.add_metric(lab, 1.0 if reading.up else 0.0)
+        _put(healthy, lab, reading.healthy)
+        _put(scrape, lab, reading.scrape_seconds)
+        for core in reading.cores:
+            cl = [name, core.core, core.model_name or ""]
+            _put(kv, cl, core.kv_cache_usage)
+            _put(running, cl, core.running)
+            _put(waiting, cl, core.waiting)
+            _put(block, cl, core.block_size)
+            _put(blocks, cl, core.num_gpu_blocks)
+        if sig is None:
+            continue
+        lost.add_metric(lab, 1.0 if sig.telemetry_lost else 0.0)
+        fails.add_metric(lab, float(sig.failures_in_a_row))
+        for kind, q in sig.latency.items():
+            if q is None:
+                continue
+            observed.add_metric([name, kind], q.count)
+            for label, value in (("0.5", q.p50), ("0.9", q.p90), ("0.99", q.p99)):
+                _put(latency, [name, kind, label], value)
+        _put(prompt, lab, sig.prompt_tokens_per_second)
+        _put(gen, lab, sig.generation_tokens_per_second)
+        _put(reqs, lab, sig.requests_per_second)
+        _put(preempt, lab, sig.preemptions_per_second)
+        _put(spec, lab, sig.spec_acceptance_ratio)
+        restarts.add_metric(lab, float(sig.restarts_total))
+        _put(procs, lab, sig.processes_alive)
+        _put(rss, lab, sig.rss_bytes)
+        _put(gpu_mem, lab, sig.gpu_memory_bytes)
+    return [up, healthy, lost, fails, scrape, kv, running, waiting, block, blocks, latency, observed,
+            prompt, gen, reqs, preempt, spec, restarts, procs, rss, gpu_mem]  # fmt: skip
+
+
+# -- /status -------------------------------------------------------------------
+
+
+def status(snap: Snapshot | None, started_wall: float, interval: float) -> dict[str, Any]:
+    """The latest poll in words and units a person reads: GiB, percent, milliseconds."""
+    out: dict[str, Any] = {"version": __version__, "uptime_seconds": round(time.time() - started_wall, 1)}
+    if snap is None:
+        out["state"] = "starting: no poll has completed yet"
+        return out
+    s = snap.sample
+    out["last_poll"] = {
+        "at": _iso(s.wall),
+        "age_seconds": round(time.time() - s.wall, 2),
+        "duration_seconds": round(snap.poll_seconds, 4),
+        "interval_seconds": interval,
+    }
+    out["nvml"] = {
+        "ok": s.nvml.ok,
+        "error": s.nvml.error,
+        "telemetry_lost": snap.nvml_lost,
+        "driver_version": s.nvml.driver_version,
+    }
+    out["gpus"] = [
+        {
+            "index": g.index,
+            "uuid": g.uuid,
+            "name": g.name,
+            "memory_used_gib": _gib(g.memory_used_bytes),
+            "memory_total_gib": _gib(g.memory_total_bytes),
+            "memory_free_gib": _gib(g.memory_free_bytes),
+            "utilization_percent": _pct(g.utilization_gpu_ratio),
+            "power_watts": g.power_watts,
+            "temperature_celsius": g.temperature_celsius,
+            "processes": [{"pid": p.pid, "memory_gib": _gib(p.used_bytes)} for p in g.processes or ()],
+            "mig": [asdict(m) for m in g.mig],
+            "error": g.error,
+        }
+        for g in s.nvml.gpus
+    ]
+    out["engines"] = [_engine_status(snap, r.name) for r in s.engines]
+    return out
+
+
+def _engine_status(snap: Snapshot, name: str) -> dict[str, Any]:
+    reading = snap.sample.engine(name)
+    assert reading is not None
+    sig = snap.engines.get(name)
+    doc: dict[str, Any] = {
+        "name": name,
+        "url": snap.urls.get(name),
+        "up": reading.up,
+        "healthy": reading.healthy,
+        "error": reading.error,
+    }
+    if sig is not None:
+        doc.update(
+            telemetry_lost=sig.telemetry_lost,
+            failed_polls_in_a_row=sig.failures_in_a_row,
+            kv_cache_usage_percent=_pct(sig.kv_cache_usage),
+            requests_running=sig.running,
+            requests_waiting=sig.waiting,
+            block_size=sig.block_size,
+            num_gpu_blocks=sig.num_gpu_blocks,
+            latency_ms={
+                kind: ({"p50": _ms(q.p50), "p90": _ms(q.p90), "p99": _ms(q.p99), "observations": q.count} if q else None)
+                for kind, q in sig.latency.items()
+            },
+            prompt_tokens_per_second=_round(sig.prompt_tokens_per_second),
+            generation_tokens_per_second=_round(sig.generation_tokens_per_second),
+            requests_finished_per_second=_round(sig.requests_per_second),
+            preemptions_per_second=_round(sig.preemptions_per_second),
+            spec_decode_acceptance_percent=_pct(sig.spec_acceptance_ratio),
+            restarts=sig.restarts_total,
+            processes_alive=sig.processes_alive,
+            resident_memory_gib=_gib(sig.rss_bytes),
+            gpu_memory_gib=_gib(sig.gpu_memory_bytes),
+        )
+    doc["cores"] = [
+        {"core": c.core, "model": c.model_name, "kv_cache_usage_percent": _pct(c.kv_cache_usage),
+         "running": c.running, "waiting": c.waiting, "sleeping": c.sleeping}  # fmt: skip
+        for c in reading.cores
+    ]
+    if reading.processes is not None:
+        doc["processes"] = [
+            {"pid": p.pid, "name": p.name, "alive": p.alive, "rss_gib": _gib(p.rss_bytes)} for p in reading.processes
+        ]
+    elif reading.process_error:
+        doc["processes_error"] = reading.process_error
+    return doc
+
+
+def _iso(wall: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall)) + f".{int(wall % 1 * 1000):03d}Z"
+
+
+def _gib(value: int | None) -> float | None:
+    return None if value is None else round(value / 2**30, 3)
+
+
+def _pct(value: float | None) -> float | None:
+    return None if value is None else round(value * 100, 2)
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 2)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+# -- the server ----------------------------------------------------------------
+
+
+def make_app(
+    metrics: Metrics,
+    snapshot: Callable[[], Snapshot | None],
+    last_poll_monotonic: Callable[[], float | None],
+    interval: Callable[[], float],
+    started_wall: float,
+) -> web.Application:
+    async def get_metrics(_: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def get_healthz(_: web.Request) -> web.Response:
+        last = last_poll_monotonic()
+        limit = 3 * interval()
+        if last is None:
+            return web.json_response({"ok": False, "reason": "no poll has completed yet"}, status=503)
+        age = time.monotonic() - last
+        if age > limit:
+            return web.json_response(
+                {"ok": False, "reason": f"the last poll finished {age:.1f}s ago (limit {limit:g}s)"}, status=503
+            )
+        return web.json_response({"ok": True, "last_poll_age_seconds": round(age, 3)})
+
+    async def get_status(_: web.Request) -> web.Response:
+        return web.json_response(status(snapshot(), started_wall, interval()), dumps=_dumps)
+
+    app = web.Application()
+    app.router.add_get("/metrics", get_metrics)
+    app.router.add_get("/healthz", get_healthz)
+    app.router.add_get("/status", get_status)
+    return app
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, default=str)

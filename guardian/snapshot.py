@@ -1,0 +1,33 @@
+"""What the daemon knows after its latest poll: the one value the exporter and ``/status`` read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from guardian.analysis.engine_stats import EngineSignals
+from guardian.sample import NvmlReading, Sample
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    sample: Sample
+    engines: dict[str, EngineSignals]
+    nvml_lost: bool  # NVML failed for telemetry_lost_after_polls polls in a row
+    poll_seconds: float  # how long the poll took (wall)
+    urls: dict[str, str] = field(default_factory=dict)  # engine name -> base URL
+
+    @property
+    def nvml(self) -> NvmlReading:
+        return self.sample.nvml
+
+
+def gpu_memory_by_pid(nvml: NvmlReading) -> dict[int, int]:
+    """NVML used memory per pid, summed over GPUs and MIG slices (tensor parallel spans several)."""
+    used: dict[int, int] = {}
+    for gpu in nvml.gpus:
+        groups = [gpu.processes or ()] + [m.processes or () for m in gpu.mig]
+        for procs in groups:
+            for proc in procs:
+                if proc.used_bytes is not None:
+                    used[proc.pid] = used.get(proc.pid, 0) + proc.used_bytes
+    return used
