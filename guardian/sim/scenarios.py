@@ -1,0 +1,133 @@
+"""Named, seeded workloads and faults for the simulator: what ``guardian demo --scenario`` plays.
+
+A scenario is data: a request-rate curve, prompt and output length
+distributions, engine parameters, and a timeline of GPU faults. The same
+scenario with the same seed produces the same arrivals and the same faults,
+so a demo run and a test see the same story.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+from guardian.sim.engine import EngineParams
+from guardian.sim.fake_nvml import SimGpu
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Log-normal token counts, clipped: most prompts are short, a few are very long."""
+
+    median: int
+    sigma: float
+    low: int
+    high: int
+
+    def draw(self, rng: random.Random) -> int:
+        return int(min(self.high, max(self.low, rng.lognormvariate(math.log(self.median), self.sigma))))
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Something that happens to a GPU at ``at`` seconds into the run."""
+
+    at: float
+    kind: str  # leak_step, spike, give_back, gpu_lost, gpu_back, hang
+    amount: float = 0.0  # fraction of GPU memory (leak_step, spike) or seconds (hang)
+
+    def apply(self, gpu: SimGpu) -> None:
+        if self.kind in ("leak_step", "spike"):
+            gpu.overhang_bytes += int(self.amount * gpu.total_bytes)
+        elif self.kind == "give_back":
+            gpu.overhang_bytes = max(0, gpu.overhang_bytes - int(self.amount * gpu.total_bytes))
+        elif self.kind == "gpu_lost":
+            gpu.lost = True
+        elif self.kind == "gpu_back":
+            gpu.lost = False
+        elif self.kind == "hang":
+            gpu.hang_seconds = self.amount
+        else:
+            raise ValueError(f"unknown fault kind {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    rate: Callable[[float], float]  # requests per second at t seconds
+    prompt: Lengths
+    output: Lengths
+    engine: EngineParams = EngineParams()
+    faults: tuple[Fault, ...] = ()
+    stream_share: float = 0.5  # share of requests sent with stream=true
+    long_share: float = 0.0  # share of requests drawn from long_prompt instead
+    long_prompt: Lengths | None = None
+
+    def draw_prompt(self, rng: random.Random) -> int:
+        if self.long_prompt is not None and rng.random() < self.long_share:
+            return self.long_prompt.draw(rng)
+        return self.prompt.draw(rng)
+
+
+def _steady(t: float) -> float:
+    return 4.0
+
+
+def _burst(t: float) -> float:
+    return 24.0 if t % 20.0 >= 14.0 else 1.5  # 6 s of burst every 20 s
+
+
+def _staircase(start: float = 8.0, every: float = 8.0, steps: int = 12, size: float = 0.01) -> tuple[Fault, ...]:
+    leak = tuple(Fault(start + i * every, "leak_step", size) for i in range(steps))
+    # a spike that is given back: a detector must not call this a step
+    spike = (Fault(5.0, "spike", 0.02), Fault(6.5, "give_back", 0.02))
+    return spike + leak
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            name="steady",
+            description="a steady chat workload: 4 req/s, prompts around 600 tokens",
+            rate=_steady,
+            prompt=Lengths(600, 0.8, 16, 8000),
+            output=Lengths(160, 0.7, 8, 1024),
+        ),
+        Scenario(
+            name="burst",
+            description="1.5 req/s with a 24 req/s burst for 6 s every 20 s: queueing and TTFT spikes",
+            rate=_burst,
+            prompt=Lengths(800, 0.8, 16, 8000),
+            output=Lengths(200, 0.7, 8, 1024),
+        ),
+        Scenario(
+            name="staircase-leak",
+            description="steady load while GPU memory outside vLLM's pool steps up 1% every 8 s (and one spike given back)",
+            rate=_steady,
+            prompt=Lengths(600, 0.8, 16, 8000),
+            output=Lengths(160, 0.7, 8, 1024),
+            faults=_staircase(),
+        ),
+        Scenario(
+            name="long-context-flood",
+            description="a third of requests carry 16k-60k token prompts: KV cache near full, preemptions",
+            rate=lambda t: 3.0,
+            prompt=Lengths(500, 0.7, 16, 4000),
+            output=Lengths(300, 0.6, 16, 2048),
+            long_share=0.35,
+            long_prompt=Lengths(28000, 0.4, 16000, 60000),
+            engine=EngineParams(num_gpu_blocks=6000),
+        ),
+    )
+}
+
+
+def get(name: str) -> Scenario:
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise KeyError(f"unknown scenario {name!r}; choose one of: {', '.join(SCENARIOS)}") from None

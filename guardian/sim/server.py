@@ -1,0 +1,343 @@
+"""A vLLM-compatible HTTP server over ``EngineModel``: the OpenAI API, /health, /metrics, dev endpoints.
+
+It speaks vLLM 0.33's surface closely enough that guardian, curl and an
+OpenAI client cannot tell the difference in what they use: routes, status
+codes, error bodies, SSE framing, the auth rule (only ``/v1…`` needs the
+key), and the dev endpoints existing only with ``dev_mode``. The engine runs
+in real time: a background task advances it to the loop clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from typing import Any, Callable
+
+from aiohttp import web
+
+from guardian.sim.engine import EngineModel, SimRequest
+from guardian.sim.fake_nvml import SimGpu
+
+VLLM_VERSION = "0.33.0"
+CHARS_PER_TOKEN = 4  # the simulator's tokenizer: one token per four characters of text
+
+
+def count_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+class SimServer:
+    def __init__(
+        self,
+        engine: EngineModel,
+        gpu: SimGpu | None = None,
+        dev_mode: bool = True,
+        api_key: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.engine = engine
+        self.gpu = gpu
+        self.dev_mode = dev_mode
+        self.api_key = api_key
+        self.dead = False  # /health answers 500 and the API 500: a crashed engine core
+        self.metrics_delay = 0.0  # seconds /metrics waits before answering (a slow server)
+        self.metrics_override: bytes | None = None  # serve this instead of the real page
+        self._clock = clock
+        self._t0 = clock()
+        self._runner: web.AppRunner | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self.port: int | None = None
+
+    @property
+    def now(self) -> float:
+        return self._clock() - self._t0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # -- lifecycle ------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        app = web.Application(middlewares=[self._auth])
+        r = app.router
+        r.add_get("/health", self._health)
+        r.add_get("/metrics", self._metrics)
+        r.add_get("/version", lambda _: web.json_response({"version": VLLM_VERSION}))
+        r.add_get("/load", lambda _: web.json_response({"server_load": len(self.engine.running) + len(self.engine.waiting)}))
+        r.add_get("/v1/models", self._models)
+        r.add_post("/v1/completions", self._completions)
+        r.add_post("/v1/chat/completions", self._chat)
+        r.add_post("/tokenize", self._tokenize)
+        if self.dev_mode:
+            r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+            r.add_post("/pause", self._pause)
+            r.add_post("/resume", self._resume)
+            r.add_get("/is_paused", lambda _: web.json_response({"is_paused": self.engine.paused is not None}))
+            r.add_post("/sleep", self._sleep)
+            r.add_post("/wake_up", self._wake_up)
+            r.add_get("/is_sleeping", lambda _: web.json_response({"is_sleeping": self.engine.sleep_level > 0}))
+            r.add_get("/server_info", self._server_info)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._ticker = asyncio.create_task(self._tick_forever())
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            try:
+                await self._ticker
+            except asyncio.CancelledError:
+                pass
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def advance(self) -> None:
+        now = self.now
+        self.engine.advance(now)
+        if self.gpu is not None:
+            self.gpu.tick(now)
+
+    async def _tick_forever(self) -> None:
+        while True:
+            self.advance()
+            if self.engine.has_work:
+                await asyncio.sleep(0.005)
+            else:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), 0.1)
+                except asyncio.TimeoutError:
+                    pass
+
+    # -- middleware -------------------------------------------------------------
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.api_key and request.path.startswith(("/v1", "/v2", "/inference", "/cohere")):
+            if request.headers.get("Authorization") != f"Bearer {self.api_key}":
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    # -- always-on endpoints ----------------------------------------------------
+
+    async def _health(self, _: web.Request) -> web.Response:
+        if self.dead:
+            return web.Response(status=500, text="EngineDeadError")
+        return web.Response(status=200)
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        if self.metrics_delay:
+            await asyncio.sleep(self.metrics_delay)
+        self.advance()
+        body = self.metrics_override if self.metrics_override is not None else self.engine.metrics.render()
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+    async def _models(self, _: web.Request) -> web.Response:
+        p = self.engine.params
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {"id": p.model_name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+                     "root": p.model_name, "parent": None, "max_model_len": p.max_model_len}  # fmt: skip
+                ],
+            }
+        )
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        if isinstance(body, web.Response):
+            return body
+        text = body.get("prompt") or " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+        n = count_tokens(text)
+        return web.json_response({"count": n, "max_model_len": self.engine.params.max_model_len, "tokens": list(range(n))})
+
+    # -- generation ---------------------------------------------------------------
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        body = await _json(request)
+        if isinstance(body, web.Response):
+            return body
+        p = self.engine.params
+        if self.dead:
+            return _error(500, "EngineCore encountered an issue.", "InternalServerError")
+        if body.get("model", p.model_name) != p.model_name:
+            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                return _error(400, "messages must be a non-empty list", "BadRequestError")
+            prompt_tokens = sum(count_tokens(str(m.get("content", ""))) + 4 for m in messages)
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+                prompt_tokens = max(1, len(prompt))
+            elif isinstance(prompt, str):
+                prompt_tokens = count_tokens(prompt)
+            else:
+                return _error(400, "prompt must be a string or a list of token ids", "BadRequestError")
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = p.max_model_len - prompt_tokens if chat else 16
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            return _error(400, "max_tokens must be a positive integer", "BadRequestError")
+        refusal = self.engine.accepts()
+        if refusal is not None:
+            return _error(503, f"Service unavailable: {refusal}", "ServiceUnavailableError")
+        priority = body.get("priority", 0)
+        if priority and p.scheduling_policy != "priority":
+            return _error(400, "Priority scheduling is not enabled.", "BadRequestError")
+
+        events: asyncio.Queue[tuple[int, str | None]] = asyncio.Queue()
+        req = SimRequest(
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            arrival=self.now,
+            priority=int(priority),
+            listener=lambda n, reason: events.put_nowait((n, reason)),
+        )
+        try:
+            self.advance()
+            self.engine.submit(req)
+        except ValueError as exc:
+            return _error(400, str(exc), "BadRequestError")
+        self._wake.set()
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{req.id:016x}"
+        created = int(time.time())
+        try:
+            if body.get("stream"):
+                return await self._stream(request, events, rid, created, chat, req, body)
+            text_tokens = 0
+            reason = None
+            while reason is None:
+                n, reason = await events.get()
+                text_tokens += n
+            return web.json_response(_final(rid, created, p.model_name, chat, text_tokens, reason, prompt_tokens))
+        finally:
+            if req.finish_reason is None:
+                self.engine.abort(req)  # the client went away
+
+    async def _stream(
+        self,
+        request: web.Request,
+        events: asyncio.Queue[tuple[int, str | None]],
+        rid: str,
+        created: int,
+        chat: bool,
+        req: SimRequest,
+        body: dict[str, Any],
+    ) -> web.StreamResponse:
+        model = self.engine.params.model_name
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        first = True
+        reason = None
+        while reason is None:
+            n, reason = await events.get()
+            if n == 0 and reason is None:
+                continue
+            text = " tok" * n
+            if chat:
+                delta: dict[str, Any] = {"content": text}
+                if first:
+                    delta["role"] = "assistant"
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+                obj = "chat.completion.chunk"
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
+                obj = "text_completion"
+            first = False
+            chunk = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = _usage(req.prompt_tokens, req.generated)
+            chunk = {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    # -- dev endpoints (VLLM_SERVER_DEV_MODE=1) -----------------------------------
+
+    async def _reset_prefix_cache(self, _: web.Request) -> web.Response:
+        return web.json_response({"success": self.engine.reset_prefix_cache()})
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        mode = request.query.get("mode", "abort")
+        if mode not in ("abort", "wait", "keep"):
+            return _error(400, f"mode must be abort, wait or keep, not {mode!r}", "BadRequestError")
+        self.engine.pause(mode)  # type: ignore[arg-type]
+        if mode == "wait":  # drains: answers once the running requests are done
+            while self.engine.running:
+                await asyncio.sleep(0.01)
+        return web.json_response({"status": "paused"})
+
+    async def _resume(self, _: web.Request) -> web.Response:
+        self.engine.resume()
+        self._wake.set()
+        return web.json_response({"status": "resumed"})
+
+    async def _sleep(self, request: web.Request) -> web.Response:
+        try:
+            level = int(request.query.get("level", "1"))
+        except ValueError:
+            level = -1
+        if level not in (0, 1, 2):
+            return _error(400, "level must be 0, 1 or 2", "BadRequestError")
+        self.engine.sleep(level)
+        return web.Response(status=200)
+
+    async def _wake_up(self, _: web.Request) -> web.Response:
+        self.engine.wake_up()
+        return web.Response(status=200)
+
+    async def _server_info(self, _: web.Request) -> web.Response:
+        p = self.engine.params
+        return web.json_response(
+            {"vllm_version": VLLM_VERSION, "vllm_config": {"model": p.model_name, "max_num_seqs": p.max_num_seqs,
+             "block_size": p.block_size, "gpu_memory_utilization": p.gpu_memory_utilization,
+             "max_model_len": p.max_model_len, "num_gpu_blocks": p.num_gpu_blocks}}  # fmt: skip
+        )
+
+
+async def _json(request: web.Request) -> dict[str, Any] | web.Response:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _error(400, "The request body is not valid JSON.", "BadRequestError")
+    if not isinstance(body, dict):
+        return _error(400, "The request body must be a JSON object.", "BadRequestError")
+    return body
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": status}}, status=status)
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _final(rid: str, created: int, model: str, chat: bool, tokens: int, reason: str, prompt: int) -> dict[str, Any]:
+    text = " tok" * tokens
+    if chat:
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                                  "finish_reason": reason}  # fmt: skip
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": _usage(prompt, tokens)}
