@@ -75,12 +75,21 @@ class SimGpu:
         return min(self.total_bytes - self.reserved_bytes, self.process_bytes + sum(s.used_bytes for s in self.mig))
 
     def tick(self, now: float) -> None:
-        """Advance utilisation and energy to ``now`` from the engine's busy time."""
+        """Advance utilisation and energy to ``now`` from the engine's busy time.
+
+        Utilisation is taken over at least a second, as NVML samples it; the
+        engine books a whole step's time at once, so shorter spans would flap
+        between 0 and 100%.
+        """
         busy = self.engine.busy_seconds if self.engine else 0.0
-        if self._last_t is not None and now > self._last_t:
-            dt = now - self._last_t
-            self.utilization = max(0.0, min(1.0, (busy - self._last_busy) / dt))
-            self.energy_mj += self.power_mw * dt
+        if self._last_t is None:
+            self._last_t, self._last_busy = now, busy
+            return
+        dt = now - self._last_t
+        if dt < 1.0:
+            return
+        self.utilization = max(0.0, min(1.0, (busy - self._last_busy) / dt))
+        self.energy_mj += self.power_mw * dt
         self._last_t, self._last_busy = now, busy
 
     @property

@@ -73,7 +73,7 @@ class Scenario:
 
 
 def _steady(t: float) -> float:
-    return 4.0
+    return 6.0
 
 
 def _burst(t: float) -> float:
@@ -92,9 +92,9 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario(
             name="steady",
-            description="a steady chat workload: 4 req/s, prompts around 600 tokens",
+            description="a steady chat workload: 6 req/s, prompts around 1500 tokens",
             rate=_steady,
-            prompt=Lengths(600, 0.8, 16, 8000),
+            prompt=Lengths(1500, 0.8, 16, 16000),
             output=Lengths(160, 0.7, 8, 1024),
         ),
         Scenario(
@@ -108,7 +108,7 @@ SCENARIOS: dict[str, Scenario] = {
             name="staircase-leak",
             description="steady load while GPU memory outside vLLM's pool steps up 1% every 8 s (and one spike given back)",
             rate=_steady,
-            prompt=Lengths(600, 0.8, 16, 8000),
+            prompt=Lengths(1500, 0.8, 16, 16000),
             output=Lengths(160, 0.7, 8, 1024),
             faults=_staircase(),
         ),

@@ -1,0 +1,168 @@
+"""The ``guardian`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from guardian import __version__
+from guardian import config as cfg
+from guardian import logs
+from guardian.sim import scenarios
+
+DESCRIPTION = """\
+vllm-guardian watches vLLM servers and the GPUs under them: NVML memory and
+utilisation, vLLM's KV cache, queues and latency, the vLLM process tree. It
+serves what it sees as Prometheus metrics and JSON on its own HTTP port.
+
+Start with `guardian demo` (no GPU needed) or `guardian probe --vllm URL`.
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="guardian", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"vllm-guardian {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the daemon with a config file", description="Run the daemon: poll, analyse, export. SIGHUP reloads the config; SIGTERM stops.")
+    run.add_argument("--config", "-c", required=True, type=Path, metavar="PATH", help="TOML config (see systemd/guardian.toml)")
+
+    check = sub.add_parser("check-config", help="validate a config file and exit", description="Validate a config file: exit 0 when valid, 2 with every problem listed when not.")
+    check.add_argument("path", type=Path, metavar="PATH")
+
+    demo = sub.add_parser(
+        "demo",
+        help="simulated vLLM servers + GPUs + load, watched by the real daemon",
+        description="Start simulated vLLM servers and GPUs, drive load at them, and run the guardian daemon on them, "
+        "all in this process on loopback ports. Scenarios: "
+        + "; ".join(f"{s.name}: {s.description}" for s in scenarios.SCENARIOS.values()),
+    )
+    demo.add_argument("--scenario", default="steady", choices=sorted(scenarios.SCENARIOS), help="workload and faults (default: steady)")
+    demo.add_argument("--duration", type=float, default=60.0, metavar="SECONDS", help="how long to run; 0 = until Ctrl-C (default: 60)")
+    demo.add_argument("--port", type=int, default=0, help="guardian's HTTP port (default: a free port)")
+    demo.add_argument("--engines", type=int, default=1, help="simulated engines, one GPU each (default: 1)")
+    demo.add_argument("--seed", type=int, default=0, help="seed for arrivals and lengths (default: 0)")
+    demo.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="poll interval (default: 1)")
+
+    probe = sub.add_parser("probe", help="scrape one vLLM server (and NVML) once and print what guardian sees", description="One scrape of a vLLM server's /metrics and /health, and one NVML read where a driver is present.")
+    probe.add_argument("--vllm", required=True, metavar="URL", help="base URL of the vLLM server, e.g. http://127.0.0.1:8000")
+    probe.add_argument("--json", action="store_true", help="print JSON instead of text")
+    probe.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="per request (default: 5)")
+    probe.add_argument("--no-nvml", action="store_true", help="do not read NVML")
+    probe.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the server's API key")
+
+    sim = sub.add_parser("sim", help="serve simulated vLLM servers (to try guardian run/probe without a GPU)", description="Serve simulated vLLM 0.33 servers on loopback with optional load until Ctrl-C.")
+    sim.add_argument("--port", type=int, default=8000, help="port of the first server; 0 = free ports (default: 8000)")
+    sim.add_argument("--engines", type=int, default=1, help="servers, on consecutive ports (default: 1)")
+    sim.add_argument("--scenario", default="steady", choices=sorted(scenarios.SCENARIOS))
+    sim.add_argument("--no-load", action="store_true", help="serve without generating load")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--ports-file", type=Path, metavar="PATH", help="write the servers' URLs here, one per line, once listening")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command is None:
+        _parser().print_help()
+        return 2
+    try:
+        return {
+            "run": _run,
+            "check-config": _check_config,
+            "demo": _demo,
+            "probe": _probe,
+            "sim": _sim,
+        }[args.command](args)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _load_or_exit(path: Path) -> cfg.Config:
+    try:
+        return cfg.load(path)
+    except cfg.ConfigError as exc:
+        print(exc, file=sys.stderr)
+        raise SystemExit(cfg.EXIT_CONFIG) from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = _load_or_exit(args.config)
+    logs.configure(config.guardian.log_format, config.guardian.log_level)
+    from guardian.daemon import Daemon
+
+    asyncio.run(Daemon(config, args.config).run())
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    config = _load_or_exit(args.path)
+    g = config.guardian
+    print(
+        f"{args.path}: OK: {len(config.engines)} engine(s), GPUs {config.gpus.select}, "
+        f"poll every {g.poll_interval_seconds:g}s, listening on {g.listen}"
+    )
+    for note in config.warnings():
+        print(f"warning: {note}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    if args.engines < 1 or args.interval <= 0:
+        print("guardian demo: --engines must be at least 1 and --interval above 0", file=sys.stderr)
+        return 2
+    logs.configure("console", "info")
+    from guardian.demo import run_demo
+
+    return asyncio.run(run_demo(args.scenario, args.duration, args.port, args.engines, args.seed, args.interval))
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from guardian.probe import probe, render_text
+
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    if args.api_key_env and api_key is None:
+        print(f"guardian probe: environment variable {args.api_key_env} is not set", file=sys.stderr)
+        return 2
+    try:
+        cfg.EngineSection(name="probe", url=args.vllm)
+    except Exception:
+        print(f"guardian probe: {args.vllm!r} is not an http(s) base URL, e.g. http://127.0.0.1:8000", file=sys.stderr)
+        return 2
+    nvml_module = None
+    if not args.no_nvml:
+        import pynvml
+
+        nvml_module = pynvml
+    result = asyncio.run(probe(args.vllm, args.timeout, api_key, nvml_module))
+    print(json.dumps(result, indent=2) if args.json else render_text(result))
+    return 0 if result["up"] else 1
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from guardian.sim.cluster import SimCluster
+
+    async def serve() -> None:
+        cluster = SimCluster(scenarios.get(args.scenario), engines=args.engines, seed=args.seed)
+        ports = [args.port + i for i in range(args.engines)] if args.port else None
+        await cluster.start(ports=ports)
+        for i, url in enumerate(cluster.urls):
+            print(f"simulated vLLM server {i}: {url}", flush=True)
+        if args.ports_file:
+            args.ports_file.write_text("".join(url + "\n" for url in cluster.urls))
+        try:
+            if args.no_load:
+                await asyncio.Event().wait()
+            else:
+                await cluster.run_load(None)
+        finally:
+            await cluster.stop()
+
+    asyncio.run(serve())
+    return 0

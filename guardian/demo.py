@@ -1,0 +1,129 @@
+"""``guardian demo``: the simulator, its load and the real daemon in one process.
+
+The daemon here is exactly the one ``guardian run`` starts; only its seams
+differ: NVML is the fake over simulated GPUs and the engines are simulated
+vLLM servers on loopback ports. What you see on ``/metrics`` and ``/status``
+is what guardian would show on a GPU host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from collections import Counter
+from typing import TextIO
+
+from guardian import config as cfg
+from guardian.daemon import Daemon
+from guardian.sim import scenarios
+from guardian.sim.cluster import SimCluster
+from guardian.snapshot import Snapshot
+
+
+def demo_config(cluster: SimCluster, port: int, interval: float) -> cfg.Config:
+    return cfg.Config(
+        guardian=cfg.GuardianSection(
+            poll_interval_seconds=interval, listen=f"127.0.0.1:{port}", latency_window_seconds=max(2 * interval, 20.0)
+        ),
+        engines=[
+            cfg.EngineSection(
+                name=f"sim{i}", url=url, dev_mode=True, process=cfg.ProcessSection(pid_file=cluster.pid_file)
+            )
+            for i, url in enumerate(cluster.urls)
+        ],
+    )
+
+
+async def run_demo(
+    scenario_name: str,
+    duration: float,
+    port: int,
+    engines: int,
+    seed: int,
+    interval: float,
+    summary_every: float = 5.0,
+    out: TextIO = sys.stdout,
+) -> int:
+    scenario = scenarios.get(scenario_name)
+    cluster = SimCluster(scenario, engines=engines, seed=seed)
+    await cluster.start()
+    daemon = Daemon(demo_config(cluster, port, interval), nvml_module=cluster.nvml)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await daemon.start()
+        assert daemon.http_address is not None
+        base = f"http://{daemon.http_address[0]}:{daemon.http_address[1]}"
+        print(f"guardian demo: scenario {scenario.name!r}: {scenario.description}", file=out)
+        print(f"  guardian metrics  {base}/metrics", file=out)
+        print(f"  guardian status   {base}/status", file=out)
+        print(f"  guardian health   {base}/healthz", file=out)
+        for i, url in enumerate(cluster.urls):
+            print(f"  simulated vLLM sim{i}  {url}   (try: guardian probe --vllm {url})", file=out)
+        until = "Ctrl-C to stop" if duration <= 0 else f"running for {duration:g}s, Ctrl-C to stop early"
+        print(f"  {until}; a summary every {summary_every:g}s", file=out, flush=True)
+        load = asyncio.create_task(cluster.run_load(None if duration <= 0 else duration))
+        started = time.monotonic()
+        while not stop.is_set() and (duration <= 0 or time.monotonic() - started < duration):
+            left = summary_every if duration <= 0 else min(summary_every, duration - (time.monotonic() - started))
+            try:
+                await asyncio.wait_for(stop.wait(), max(left, 0.01))
+            except asyncio.TimeoutError:
+                pass
+            print(summary(daemon.snapshot, time.monotonic() - started), file=out, flush=True)
+        load.cancel()
+        await asyncio.gather(load, return_exceptions=True)
+        outcomes: Counter[str] = Counter()
+        for generator in cluster.loadgens:
+            outcomes.update(generator.outcomes)
+        print(f"guardian demo: done; requests by outcome: {dict(outcomes)}", file=out, flush=True)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await daemon.close()
+        await cluster.stop()
+    return 0
+
+
+def summary(snap: Snapshot | None, elapsed: float) -> str:
+    """One line per few seconds: what moved."""
+    if snap is None:
+        return f"[{elapsed:5.0f}s] waiting for the first poll"
+    parts = []
+    for name, sig in snap.engines.items():
+        if not sig.up:
+            parts.append(f"{name}: DOWN")
+            continue
+        ttft = sig.latency.get("ttft")
+        e2e = sig.latency.get("e2e")
+        kv = f"{sig.kv_cache_usage * 100:.0f}%" if sig.kv_cache_usage is not None else "?"
+        parts.append(
+            f"{name}: kv {kv} run {_n(sig.running)} wait {_n(sig.waiting)} "
+            f"p99 ttft {_ms(ttft.p99 if ttft else None)} e2e {_ms(e2e.p99 if e2e else None)} "
+            f"{_n(sig.generation_tokens_per_second)} tok/s"
+        )
+    for gpu in snap.nvml.gpus:
+        if gpu.memory_used_bytes is None or gpu.memory_total_bytes is None:
+            parts.append(f"GPU{gpu.index}: {gpu.error or 'unknown'}")
+            continue
+        util = f"{gpu.utilization_gpu_ratio * 100:.0f}%" if gpu.utilization_gpu_ratio is not None else "?"
+        parts.append(
+            f"GPU{gpu.index}: {gpu.memory_used_bytes / 2**30:.1f}/{gpu.memory_total_bytes / 2**30:.1f} GiB util {util}"
+        )
+    if not snap.nvml.ok:
+        parts.append(f"NVML: {snap.nvml.error}")
+    return f"[{elapsed:5.0f}s] " + " | ".join(parts)
+
+
+def _n(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}"
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value * 1000:.0f}ms" if value < 10 else f"{value:.1f}s"
