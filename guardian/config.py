@@ -106,7 +106,6 @@ class EngineSection(_Model):
     api_key_file: Path | None = None
     dev_mode: bool = False  # the server runs with VLLM_SERVER_DEV_MODE=1 (admin endpoints)
     process: ProcessSection | None = None
-    gpus: list[int | str] | None = None
 
     @field_validator("url")
     @classmethod
@@ -121,14 +120,6 @@ class EngineSection(_Model):
         if parts.query or parts.fragment:
             raise Problem(f"{value!r} has a query or fragment", "give the base URL only; guardian adds /metrics and /health")
         return value.rstrip("/")
-
-    @field_validator("gpus")
-    @classmethod
-    def _gpus(cls, value: list[int | str] | None) -> list[int | str] | None:
-        if value is not None:
-            for item in value:
-                check_gpu_id(item)
-        return value
 
     @model_validator(mode="after")
     def _key(self) -> EngineSection:

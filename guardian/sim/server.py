@@ -66,8 +66,8 @@ class SimServer:
         r = app.router
         r.add_get("/health", self._health)
         r.add_get("/metrics", self._metrics)
-        r.add_get("/version", lambda _: web.json_response({"version": VLLM_VERSION}))
-        r.add_get("/load", lambda _: web.json_response({"server_load": len(self.engine.running) + len(self.engine.waiting)}))
+        r.add_get("/version", self._version)
+        r.add_get("/load", self._load)
         r.add_get("/v1/models", self._models)
         r.add_post("/v1/completions", self._completions)
         r.add_post("/v1/chat/completions", self._chat)
@@ -76,10 +76,10 @@ class SimServer:
             r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
             r.add_post("/pause", self._pause)
             r.add_post("/resume", self._resume)
-            r.add_get("/is_paused", lambda _: web.json_response({"is_paused": self.engine.paused is not None}))
+            r.add_get("/is_paused", self._is_paused)
             r.add_post("/sleep", self._sleep)
             r.add_post("/wake_up", self._wake_up)
-            r.add_get("/is_sleeping", lambda _: web.json_response({"is_sleeping": self.engine.sleep_level > 0}))
+            r.add_get("/is_sleeping", self._is_sleeping)
             r.add_get("/server_info", self._server_info)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
@@ -138,6 +138,12 @@ class SimServer:
         self.advance()
         body = self.metrics_override if self.metrics_override is not None else self.engine.metrics.render()
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+    async def _version(self, _: web.Request) -> web.Response:
+        return web.json_response({"version": VLLM_VERSION})
+
+    async def _load(self, _: web.Request) -> web.Response:
+        return web.json_response({"server_load": len(self.engine.running) + len(self.engine.waiting)})
 
     async def _models(self, _: web.Request) -> web.Response:
         p = self.engine.params
@@ -284,6 +290,12 @@ class SimServer:
             while self.engine.running:
                 await asyncio.sleep(0.01)
         return web.json_response({"status": "paused"})
+
+    async def _is_paused(self, _: web.Request) -> web.Response:
+        return web.json_response({"is_paused": self.engine.paused is not None})
+
+    async def _is_sleeping(self, _: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": self.engine.sleep_level > 0})
 
     async def _resume(self, _: web.Request) -> web.Response:
         self.engine.resume()

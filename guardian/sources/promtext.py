@@ -39,9 +39,10 @@ _ESCAPE_RE = re.compile(r'\\[\\"n]')
 class ParseError(ValueError):
     """The page is not valid Prometheus text; ``line`` is 1-based (0: the whole page)."""
 
-    def __init__(self, message: str, line: int = 0) -> None:
+    def __init__(self, message: str, line: int = 0, truncated: bool = False) -> None:
         super().__init__(f"line {line}: {message}" if line else message)
         self.line = line
+        self.truncated = truncated
 
 
 @dataclass(slots=True)
@@ -84,7 +85,7 @@ class Parser:
         if not text.strip():
             raise ParseError("empty page")
         if not text.endswith("\n"):
-            raise ParseError("page is truncated: the last line has no newline")
+            raise ParseError("page is truncated: the last line has no newline", truncated=True)
         if len(self._series) > self._max_series:
             self._series.clear()  # a target with churning labels: start over rather than grow
         page = Page()

@@ -59,6 +59,10 @@ class VllmScraper:
                 body = await resp.content.read(MAX_PAGE_BYTES + 1)
                 if len(body) > MAX_PAGE_BYTES:
                     return _Failure("too_large", f"GET /metrics page is larger than {MAX_PAGE_BYTES} bytes")
+                if resp.content_length is not None and len(body) < resp.content_length:
+                    return _Failure(
+                        "truncated", f"GET /metrics body was cut off at {len(body)} of {resp.content_length} bytes"
+                    )
         except asyncio.TimeoutError:
             return _Failure("timeout", f"GET /metrics did not answer within {self._timeout.total:g}s")
         except aiohttp.ClientConnectorError as exc:
@@ -74,7 +78,7 @@ class VllmScraper:
         try:
             return self._parser.parse(text)
         except promtext.ParseError as exc:
-            return _Failure("parse", f"GET /metrics is not Prometheus text: {exc}")
+            return _Failure("truncated" if exc.truncated else "parse", f"GET /metrics is not Prometheus text: {exc}")
 
     async def _health(self) -> bool | None:
         """True on 200, False on an answer that is not 200, None when there was no answer."""

@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from guardian.sources import promtext
+
+
+def test_every_sample_of_the_vllm_page_matches_prometheus_clients_parser(vllm_page: str) -> None:
+    ours = {
+        (name, tuple(sorted(labels.items()))): value
+        for name, entries in promtext.parse(vllm_page).samples.items()
+        for labels, value in entries
+    }
+    theirs = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(vllm_page)
+        for s in family.samples
+    }
+    assert ours == theirs
+    assert len(ours) == 482
+
+
+def test_warm_parser_returns_the_same_page_as_a_cold_one(vllm_page: str) -> None:
+    parser = promtext.Parser()
+    first = parser.parse(vllm_page)
+    second = parser.parse(vllm_page.replace("} 12.0\n", "} 13.0\n"))
+    assert first.samples.keys() == second.samples.keys()
+    assert second.get("vllm:num_requests_running")[0][1] == 13.0
+    assert first.get("vllm:num_requests_running")[0][1] == 12.0
+
+
+def test_types_are_read_from_type_lines(vllm_page: str) -> None:
+    page = promtext.parse(vllm_page)
+    assert page.family_type("vllm:e2e_request_latency_seconds_bucket") == "histogram"
+    assert page.family_type("vllm:num_preemptions_total") == "counter"
+    assert page.family_type("vllm:kv_cache_usage_perc") == "gauge"
+
+
+def test_page_cut_mid_line_is_refused_as_truncated(vllm_page: str) -> None:
+    with pytest.raises(promtext.ParseError, match="truncated"):
+        promtext.parse(vllm_page[: len(vllm_page) // 2])
+
+
+def test_html_error_page_is_refused_with_its_line_number() -> None:
+    with pytest.raises(promtext.ParseError) as info:
+        promtext.parse("# HELP x y\nx 1\n<html><body>502 Bad Gateway</body></html>\n")
+    assert info.value.line == 3
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'x{a="1" 2',  # no closing brace
+        "x{a=1} 2",  # unquoted value
+        'x{a="1"} two',  # value not a number
+        'x{a="1"}',  # no value
+        'x{a="1"} 1 2 3',  # too many fields
+        "9x 1",  # invalid name
+        "\x00\x01\x02 1",
+    ],
+)
+def test_malformed_sample_lines_are_refused(line: str) -> None:
+    with pytest.raises(promtext.ParseError):
+        promtext.parse(line + "\n")
+
+
+def test_empty_page_is_refused() -> None:
+    with pytest.raises(promtext.ParseError, match="empty"):
+        promtext.parse("\n\n")
+
+
+def test_escaped_label_values_are_decoded() -> None:
+    page = promtext.parse('x{path="C:\\\\tmp",msg="say \\"hi\\"\\n"} 1\n')
+    assert page.get("x")[0][0] == {"path": "C:\\tmp", "msg": 'say "hi"\n'}
+
+
+def test_timestamps_whitespace_and_special_values_are_accepted() -> None:
+    page = promtext.parse('a 1 1700000000000\nb{ x = "1" , } NaN\nc +Inf\nd -1.5e3\r\n')
+    assert page.get("a")[0][1] == 1
+    assert page.get("b")[0][0] == {"x": "1"}
+    assert math.isnan(page.get("b")[0][1])
+    assert page.get("c")[0][1] == math.inf
+    assert page.get("d")[0][1] == -1500
+
+
+def test_openmetrics_eof_ends_the_page() -> None:
+    page = promtext.parse("a 1\n# EOF\n")
+    assert page.get("a")[0][1] == 1
