@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from guardian import config as cfg
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = '[[engines]]\nname = "a"\nurl = "http://127.0.0.1:8000"\n'
+
+
+def _refusal(text: str) -> cfg.ConfigError:
+    with pytest.raises(cfg.ConfigError) as info:
+        cfg.loads(text, "guardian.toml")
+    return info.value
+
+
+def _only(text: str) -> cfg.ConfigIssue:
+    error = _refusal(text)
+    assert len(error.issues) == 1, error.issues
+    return error.issues[0]
+
+
+def test_example_config_is_valid_and_defaults_hold() -> None:
+    config = cfg.load(ROOT / "systemd" / "guardian.toml")
+    assert config.guardian.poll_interval_seconds == 1.0
+    assert config.guardian.listen == "127.0.0.1:9400"
+    assert config.engines[0].process.systemd_unit == "vllm.service"
+    assert config.presets["mixed"].block_size == 16
+
+
+def test_empty_config_gets_the_documented_defaults() -> None:
+    config = cfg.loads("")
+    assert config.guardian.poll_interval_seconds == 1.0
+    assert config.guardian.listen == "127.0.0.1:9400"
+    assert config.guardian.scrape_timeout == pytest.approx(0.8)
+    assert config.gpus.select == "all"
+
+
+def test_unknown_key_names_the_key_and_suggests_the_right_one() -> None:
+    issue = _only("[guardian]\npoll_intervall = 2\n")
+    assert issue.key == "guardian.poll_intervall"
+    assert issue.message == "unknown key"
+    assert issue.fix == "did you mean 'poll_interval_seconds'?"
+
+
+def test_unknown_section_lists_what_is_known() -> None:
+    issue = _only("[guardain]\n")
+    assert issue.key == "guardain" and "guardian" in issue.fix
+
+
+def test_wrong_type_is_refused_with_the_value_shown() -> None:
+    issue = _only('[guardian]\npoll_interval_seconds = "fast"\n')
+    assert issue.key == "guardian.poll_interval_seconds"
+    assert "wrong type (got 'fast')" in issue.message
+
+
+def test_out_of_range_value_says_the_bound() -> None:
+    issue = _only("[guardian]\npoll_interval_seconds = 0\n")
+    assert issue.fix == "use a value greater than 0.0"
+
+
+def test_block_size_24_in_a_preset_is_refused_with_valid_choices() -> None:
+    issue = _only("[presets.mixed]\nmax_num_seqs = 8\nblock_size = 24\n")
+    assert issue.key == "presets.mixed"
+    assert "block_size = 24 is refused" in issue.message and "multiple of 16" in issue.message
+    assert issue.fix == "use block_size = 16 or 32"
+
+
+def test_flashinfer_accepts_only_16_32_64() -> None:
+    assert cfg.loads('[presets.p]\nmax_num_seqs = 4\nblock_size = 64\nattention_backend = "flashinfer"\n')
+    issue = _only('[presets.p]\nmax_num_seqs = 4\nblock_size = 48\nattention_backend = "flashinfer"\n')
+    assert "16, 32 or 64" in issue.message
+
+
+def test_exit_threshold_above_enter_is_refused() -> None:
+    issue = _only("[breaker]\nl1_exit_fragmentation_ratio = 0.4\n")
+    assert "l1_exit_fragmentation_ratio (0.4) is not below l1_enter_fragmentation_ratio (0.35)" in issue.message
+    assert "below 0.35" in issue.fix
+
+
+def test_scrape_timeout_not_below_interval_is_refused() -> None:
+    issue = _only("[guardian]\npoll_interval_seconds = 1\nscrape_timeout_seconds = 1\n")
+    assert "every poll overrun" in issue.message
+
+
+def test_engine_problems_name_the_engine_by_position() -> None:
+    error = _refusal(ENGINE + '[[engines]]\nname = "b"\nurl = "htp://x"\n')
+    assert [i.key for i in error.issues] == ["engines[1].url"]
+    assert "http://127.0.0.1:8000" in error.issues[0].fix
+
+
+def test_duplicate_engine_names_are_refused() -> None:
+    issue = _only(ENGINE + ENGINE)
+    assert "'a' is used twice" in issue.message
+
+
+def test_process_must_be_found_exactly_one_way() -> None:
+    issue = _only(ENGINE + '[engines.process]\nsystemd_unit = "v.service"\nmatch = "vllm"\n')
+    assert issue.key == "engines[0].process" and "got systemd_unit, match" in issue.message
+    issue = _only(ENGINE + '[engines.process]\npid_file = "run/vllm.pid"\n')
+    assert "not an absolute path" in issue.message
+
+
+def test_several_problems_are_all_reported_at_once() -> None:
+    error = _refusal("[guardian]\npoll_interval_seconds = -1\nlisten = 'nowhere'\n[gpus]\nselect = ['x']\n")
+    assert {i.key for i in error.issues} == {"guardian.poll_interval_seconds", "guardian.listen", "gpus.select"}
+    assert str(error).startswith("guardian.toml: 3 problems")
+
+
+def test_invalid_toml_points_at_the_line() -> None:
+    issue = _only("[guardian]\npoll_interval_seconds = \n")
+    assert "line 2" in issue.message
+
+
+def test_api_key_is_never_shown() -> None:
+    config = cfg.loads(ENGINE + 'api_key = "sk-secret-123"\n')
+    assert "sk-secret-123" not in repr(config) and "sk-secret-123" not in str(config.model_dump())
+    assert config.engines[0].read_api_key() == "sk-secret-123"
+
+
+def test_dev_mode_on_a_remote_engine_is_warned_about() -> None:
+    config = cfg.loads('[[engines]]\nname = "a"\nurl = "http://10.1.2.3:8000"\ndev_mode = true\n')
+    assert any("not a loopback address" in w for w in config.warnings())
+    assert cfg.loads(ENGINE + "dev_mode = true\n").warnings() == []
+
+
+def test_swap_space_is_reported_as_ignored() -> None:
+    config = cfg.loads("[presets.p]\nmax_num_seqs = 4\nswap_space_gb = 20\n")
+    assert any("--swap-space no longer exists" in w for w in config.warnings())
+
+
+def test_check_config_exits_2_with_file_key_and_fix(tmp_path: Path) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text("[presets.mixed]\nmax_num_seqs = 8\nblock_size = 24\n")
+    result = subprocess.run([sys.executable, "-m", "guardian", "check-config", str(path)], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert f"{path}: presets.mixed: block_size = 24 is refused" in result.stderr
+    assert "fix: use block_size = 16 or 32" in result.stderr
+
+
+def test_check_config_on_a_missing_file_exits_2(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "guardian", "check-config", str(tmp_path / "nope.toml")], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "file not found" in result.stderr
+
+
+def test_run_refuses_a_bad_config_before_starting(tmp_path: Path) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text("[guardian]\nlisten = 'x'\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "guardian", "run", "--config", str(path)], capture_output=True, text=True, timeout=20
+    )
+    assert result.returncode == 2 and "guardian.listen" in result.stderr

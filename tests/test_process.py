@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from guardian.analysis.engine_stats import EngineTracker
+from guardian.config import ProcessSection
+from guardian.sample import EngineReading, ProcReading
+from guardian.sources.process import ProcessSource
+
+SLEEPER = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)  # guardian-test-tree"]
+
+
+@pytest.fixture
+def tree():
+    proc = subprocess.Popen(SLEEPER)
+    time.sleep(0.5)
+    yield proc
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        child.kill()
+    proc.kill()
+    proc.wait()
+
+
+def test_pid_file_finds_the_process_and_its_children(tree: subprocess.Popen, tmp_path: Path) -> None:
+    pid_file = tmp_path / "vllm.pid"
+    pid_file.write_text(f"{tree.pid}\n")
+    readings, error = ProcessSource(ProcessSection(pid_file=pid_file)).read()
+    assert error is None
+    assert len(readings) == 2 and readings[0].pid == tree.pid
+    assert all(r.alive and r.rss_bytes > 0 and r.start_time > 0 for r in readings)
+
+
+def test_match_finds_the_root_of_the_tree(tree: subprocess.Popen) -> None:
+    readings, error = ProcessSource(ProcessSection(match="guardian-test-tree")).read()
+    assert error is None and readings[0].pid == tree.pid and len(readings) == 2
+
+
+def test_missing_pid_file_and_dead_pid_are_reasons_not_exceptions(tmp_path: Path) -> None:
+    readings, error = ProcessSource(ProcessSection(pid_file=tmp_path / "none.pid")).read()
+    assert readings is None and "No such file" in error
+    (tmp_path / "dead.pid").write_text("999999999\n")
+    readings, error = ProcessSource(ProcessSection(pid_file=tmp_path / "dead.pid")).read()
+    assert readings is None and "is not running" in error
+
+
+def test_a_missing_systemd_unit_is_a_reason(tmp_path: Path) -> None:
+    readings, error = ProcessSource(ProcessSection(systemd_unit="no-such-unit-guardian.service"), tmp_path).read()
+    assert readings is None and "no-such-unit-guardian.service" in error
+
+
+def test_a_new_root_start_time_counts_as_a_restart() -> None:
+    tracker = EngineTracker("a", 60, 3)
+
+    def reading(start: float) -> EngineReading:
+        return EngineReading(name="a", up=False, healthy=None, processes=(ProcReading(1, "vllm", True, start_time=start),))
+
+    tracker.update(0, reading(1000.0), {})
+    tracker.update(1, reading(1000.0), {})
+    assert tracker.restarts == 0
+    tracker.update(2, reading(1500.0), {})
+    assert tracker.restarts == 1
