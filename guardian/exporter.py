@@ -131,11 +131,14 @@ def _engine_metrics(snap: Snapshot) -> list[Metric]:
     waiting = _gauge("guardian_engine_requests_waiting", "Requests queued per engine core.", ec)
     block = _gauge("guardian_engine_kv_block_size_tokens", "KV-cache block size (from cache_config_info).", ec)
     blocks = _gauge("guardian_engine_kv_gpu_blocks", "KV-cache blocks on the GPU (from cache_config_info).", ec)
-    latency = _gauge(
-        "guardian_engine_latency_seconds",
-        "Latency quantiles over the latency window, from vLLM histogram deltas.",
-        ["engine", "latency", "quantile"],
-    )
+    latency = {
+        q: _gauge(
+            f"guardian_engine_latency_{q}_seconds",
+            f"{q.upper()} latency over the latency window, from vLLM histogram deltas (latency: e2e, ttft, itl, queue).",
+            ["engine", "latency"],
+        )
+        for q in ("p50", "p90", "p99")
+    }
     observed = _gauge(
         "guardian_engine_latency_window_observations", "Observations the latency quantiles rest on.", ["engine", "latency"]
     )
@@ -170,8 +173,8 @@ def _engine_metrics(snap: Snapshot) -> list[Metric]:
             if q is None:
                 continue
             observed.add_metric([name, kind], q.count)
-            for label, value in (("0.5", q.p50), ("0.9", q.p90), ("0.99", q.p99)):
-                _put(latency, [name, kind, label], value)
+            for label, value in (("p50", q.p50), ("p90", q.p90), ("p99", q.p99)):
+                _put(latency[label], [name, kind], value)
         _put(prompt, lab, sig.prompt_tokens_per_second)
         _put(gen, lab, sig.generation_tokens_per_second)
         _put(reqs, lab, sig.requests_per_second)
@@ -181,7 +184,7 @@ def _engine_metrics(snap: Snapshot) -> list[Metric]:
         _put(procs, lab, sig.processes_alive)
         _put(rss, lab, sig.rss_bytes)
         _put(gpu_mem, lab, sig.gpu_memory_bytes)
-    return [up, healthy, lost, fails, scrape, kv, running, waiting, block, blocks, latency, observed,
+    return [up, healthy, lost, fails, scrape, kv, running, waiting, block, blocks, *latency.values(), observed,
             prompt, gen, reqs, preempt, spec, restarts, procs, rss, gpu_mem]  # fmt: skip
 
 

@@ -56,9 +56,14 @@ class VllmScraper:
             async with self._session.get(self.url + "/metrics", timeout=self._timeout, headers=self._headers) as resp:
                 if resp.status != 200:
                     return _Failure(_status_kind(resp.status), f"GET /metrics answered HTTP {resp.status}")
-                body = await resp.content.read(MAX_PAGE_BYTES + 1)
-                if len(body) > MAX_PAGE_BYTES:
-                    return _Failure("too_large", f"GET /metrics page is larger than {MAX_PAGE_BYTES} bytes")
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in resp.content.iter_chunked(1 << 16):
+                    size += len(chunk)
+                    if size > MAX_PAGE_BYTES:
+                        return _Failure("too_large", f"GET /metrics page is larger than {MAX_PAGE_BYTES} bytes")
+                    chunks.append(chunk)
+                body = b"".join(chunks)
                 if resp.content_length is not None and len(body) < resp.content_length:
                     return _Failure(
                         "truncated", f"GET /metrics body was cut off at {len(body)} of {resp.content_length} bytes"

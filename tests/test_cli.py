@@ -1,0 +1,133 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
+
+import pytest
+
+from guardian import __version__
+from tests.conftest import FIXTURES
+from tests.helpers import free_port
+
+GUARDIAN = [sys.executable, "-m", "guardian"]
+
+
+@pytest.fixture
+def fixture_server() -> Iterator[str]:
+    """A static vLLM 0.33 server: the real /metrics page and /health 200."""
+    page = (FIXTURES / "vllm-0.33-metrics.txt").read_bytes()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = page if self.path == "/metrics" else b""
+            self.send_response(200 if self.path in ("/metrics", "/health") else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_version() -> None:
+    out = subprocess.run([*GUARDIAN, "--version"], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"vllm-guardian {__version__}"
+
+
+def test_probe_json_on_a_real_vllm_page_prints_its_values(fixture_server: str) -> None:
+    result = subprocess.run(
+        [*GUARDIAN, "probe", "--vllm", fixture_server, "--json", "--no-nvml"], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["up"] and doc["healthy"]
+    (core,) = doc["cores"]
+    assert core["kv_cache_usage"] == 0.4375
+    assert (core["running"], core["waiting"]) == (12, 4)
+    assert (core["block_size"], core["num_gpu_blocks"]) == (16, 27000)
+    # one request took between 2.5 s and 5 s: PromQL interpolates 2.5 + 2.5 * 0.99
+    assert core["latency_since_start"]["e2e"]["p99_seconds"] == pytest.approx(4.975)
+    assert core["latency_since_start"]["e2e"]["count"] == 1
+
+
+def test_probe_text_reports_nvml_missing_instead_of_failing(fixture_server: str) -> None:
+    result = subprocess.run([*GUARDIAN, "probe", "--vllm", fixture_server], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert "KV cache usage 43.8%, running 12, waiting 4" in result.stdout
+    assert "block size 16, GPU blocks 27000" in result.stdout
+    assert "NVML:" in result.stdout  # "not available (…)" here; the GPUs on a GPU host
+
+
+def test_probe_of_a_down_server_exits_1_with_the_reason() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = subprocess.run([*GUARDIAN, "probe", "--vllm", url, "--no-nvml"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert "unreachable or unreadable: cannot connect" in result.stdout
+
+
+def test_probe_refuses_a_bad_url() -> None:
+    result = subprocess.run([*GUARDIAN, "probe", "--vllm", "localhost:8000"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "is not an http(s) base URL" in result.stderr
+
+
+def test_demo_serves_metrics_that_move_and_status_json() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*GUARDIAN, "demo", "--duration", "9", "--port", str(port), "--interval", "0.5", "--scenario", "burst"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        first = _scrape_when_up(port)
+        time.sleep(3)
+        second = _get(port, "/metrics")
+        status = json.loads(_get(port, "/status"))
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    assert _value(second, "guardian_polls_total") > _value(first, "guardian_polls_total")
+    assert _value(second, 'guardian_gpu_energy_joules_total{gpu="0"}') > _value(first, 'guardian_gpu_energy_joules_total{gpu="0"}')
+    assert 'guardian_engine_latency_p99_seconds{engine="sim0",latency="ttft"}' in second
+    assert status["engines"][0]["up"] is True and status["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert f"guardian metrics  http://127.0.0.1:{port}/metrics" in out
+    assert "sim0: kv" in out and "guardian demo: done" in out
+
+
+def _scrape_when_up(port: int) -> str:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            text = _get(port, "/metrics")
+            if "guardian_polls_total" in text and "guardian_engine_up" in text:
+                return text
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("guardian demo never served /metrics")
+
+
+def _get(port: int, path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def _value(text: str, series: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{series} not in the page")
