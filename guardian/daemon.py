@@ -245,13 +245,16 @@ class Daemon:
         engines: dict[str, _Engine] = {}
         for section in config.engines:
             previous = self._engines.get(section.name)
+            keep = previous is not None and (
+                previous.section.url,
+                previous.tracker.window,
+                previous.tracker.lost_after,
+            ) == (section.url, g.latency_window_seconds, g.telemetry_lost_after_polls)
             tracker = (
                 previous.tracker
-                if previous is not None and previous.section.url == section.url
+                if keep and previous is not None
                 else EngineTracker(section.name, g.latency_window_seconds, g.telemetry_lost_after_polls)
             )
-            tracker.window = g.latency_window_seconds
-            tracker.lost_after = g.telemetry_lost_after_polls
             try:
                 api_key = section.read_api_key()
             except OSError as exc:

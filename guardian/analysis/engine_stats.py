@@ -25,6 +25,11 @@ _COUNTERS = (
 )
 
 
+# windows keep this much beyond their length: enough for the point at the
+# window's start to exist, little enough that finding it is a step or two
+HORIZON_SLACK_SECONDS = 5.0
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSignals:
     name: str
@@ -54,7 +59,7 @@ class EngineTracker:
         self.name = name
         self.window = window_seconds
         self.lost_after = lost_after_polls
-        horizon = window_seconds * 1.5
+        horizon = window_seconds + HORIZON_SLACK_SECONDS
         self._counters = {key: CounterWindow(horizon) for key in _COUNTERS}
         self._histograms = {key: HistogramWindow(horizon) for key in LATENCY_HISTOGRAMS}
         self._failures = 0

@@ -8,6 +8,7 @@ would be read as a bug in one of them.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from typing import Sequence
 
 
@@ -23,21 +24,31 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
     - non-monotonic counts (a scrape racing an increment) are flattened
       upwards, as PromQL does since 2.25.
     """
-    if not 0.0 <= q <= 1.0:
-        return -math.inf if q < 0 else math.inf
+    return histogram_quantiles((q,), buckets)[0]
+
+
+def histogram_quantiles(qs: Sequence[float], buckets: Sequence[tuple[float, float]]) -> list[float | None]:
+    """Several quantiles of one histogram, flattening the counts once."""
     if len(buckets) < 2 or buckets[-1][0] != math.inf:
-        return None
+        return [None] * len(qs)
     counts = []
     highest = 0.0
     for _, count in buckets:
-        highest = max(highest, count)
+        if count > highest:
+            highest = count
         counts.append(highest)
     total = counts[-1]
+    return [_quantile(q, buckets, counts, total) for q in qs]
+
+
+def _quantile(q: float, buckets: Sequence[tuple[float, float]], counts: list[float], total: float) -> float | None:
+    if not 0.0 <= q <= 1.0:
+        return -math.inf if q < 0 else math.inf
     if total <= 0:
         return None
     rank = q * total
-    index = next(i for i, c in enumerate(counts) if c >= rank)
-    if index == len(buckets) - 1:
+    index = bisect_left(counts, rank)
+    if index >= len(buckets) - 1:
         return buckets[-2][0]
     upper = buckets[index][0]
     if index == 0:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from guardian.analysis.latency import histogram_quantile
+from guardian.analysis.latency import histogram_quantiles
 from guardian.sample import Histogram
 
 
@@ -152,9 +152,5 @@ class HistogramWindow:
         buckets = self.delta(now, window)
         if buckets is None:
             return None
-        return Quantiles(
-            p50=histogram_quantile(0.5, buckets),
-            p90=histogram_quantile(0.9, buckets),
-            p99=histogram_quantile(0.99, buckets),
-            count=buckets[-1][1],
-        )
+        p50, p90, p99 = histogram_quantiles((0.5, 0.9, 0.99), buckets)
+        return Quantiles(p50=p50, p90=p90, p99=p99, count=buckets[-1][1])

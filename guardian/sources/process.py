@@ -17,6 +17,7 @@ from guardian.config import ProcessSection
 from guardian.sample import ProcReading
 
 RESCAN_SECONDS = 30.0  # how often a name match looks for new roots while the old ones live
+CHILDREN_SECONDS = 10.0  # how often a live tree is walked for new children (psutil reads all of /proc)
 
 
 class ProcessNotFound(RuntimeError):
@@ -30,7 +31,11 @@ class ProcessSource:
         self._cgroup: Path | None = None
         self._roots: list[psutil.Process] = []
         self._scanned_at = 0.0
-        self._procs: dict[int, psutil.Process] = {}
+        self._tree: dict[int, psutil.Process] = {}
+        self._tree_roots: list[int] = []
+        self._tree_at = 0.0
+        self._identity: dict[int, tuple[str, str | None]] = {}  # pid -> (name, cmdline)
+        self._dirty = False
 
     def read(self) -> tuple[tuple[ProcReading, ...] | None, str | None]:
         """The tree's readings, or (None, reason) when no process could be found."""
@@ -38,29 +43,64 @@ class ProcessSource:
             roots = self._current_roots()
         except ProcessNotFound as exc:
             return None, str(exc)
-        seen: dict[int, psutil.Process] = {}
-        for root in roots:
-            seen[root.pid] = root
-            try:
-                for child in root.children(recursive=True):
-                    seen.setdefault(child.pid, self._procs.get(child.pid, child))
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        self._procs = seen
-        return tuple(_reading(p) for p in seen.values()), None
+        readings = tuple(self._reading(p) for p in self._walk(roots).values())
+        if not all(r.alive for r in readings):
+            self._dirty = True  # someone exited: look for roots and children afresh next poll
+        return readings, None
 
     def _current_roots(self) -> list[psutil.Process]:
-        alive = [p for p in self._roots if _running(p)]
-        stale = len(alive) < len(self._roots) or not alive
-        if self._section.match is not None and time.monotonic() - self._scanned_at > RESCAN_SECONDS:
-            stale = True
-        if self._section.systemd_unit is not None:
+        s = self._section
+        stale = self._dirty or not self._roots
+        if s.systemd_unit is not None:
             stale = True  # reading cgroup.procs is cheap and sees a restarted unit at once
+        elif s.pid_file is not None:
+            stale = stale or [_pid_from_file(s.pid_file)] != [r.pid for r in self._roots]
+        elif time.monotonic() - self._scanned_at > RESCAN_SECONDS:
+            stale = True
         if stale:
             self._roots = self._find()
             self._scanned_at = time.monotonic()
-            return self._roots
-        return alive
+        return self._roots
+
+    def _walk(self, roots: list[psutil.Process]) -> dict[int, psutil.Process]:
+        """Roots and their descendants; walked again only when something changed or the walk is old."""
+        now = time.monotonic()
+        same_roots = [r.pid for r in roots] == self._tree_roots
+        if same_roots and not self._dirty and now - self._tree_at < CHILDREN_SECONDS:
+            return self._tree
+        tree: dict[int, psutil.Process] = {}
+        for root in roots:
+            tree[root.pid] = root
+            try:
+                for child in root.children(recursive=True):
+                    tree.setdefault(child.pid, self._tree.get(child.pid, child))
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        self._tree, self._tree_roots, self._tree_at = tree, [r.pid for r in roots], now
+        self._identity = {pid: ident for pid, ident in self._identity.items() if pid in tree}
+        self._dirty = False
+        return tree
+
+    def _reading(self, proc: psutil.Process) -> ProcReading:
+        try:
+            with proc.oneshot():
+                ident = self._identity.get(proc.pid)
+                if ident is None:
+                    ident = self._identity[proc.pid] = (proc.name(), " ".join(proc.cmdline())[:200] or None)
+                cpu = proc.cpu_times()
+                return ProcReading(
+                    pid=proc.pid,
+                    name=ident[0],
+                    alive=proc.status() != psutil.STATUS_ZOMBIE,
+                    rss_bytes=proc.memory_info().rss,
+                    cpu_seconds=cpu.user + cpu.system,
+                    start_time=proc.create_time(),
+                    cmdline=ident[1],
+                )
+        except psutil.NoSuchProcess:
+            return ProcReading(pid=proc.pid, name="?", alive=False)
+        except psutil.AccessDenied:
+            return ProcReading(pid=proc.pid, name="?", alive=True)
 
     def _find(self) -> list[psutil.Process]:
         s = self._section
@@ -148,29 +188,3 @@ def _ppid(proc: psutil.Process) -> int | None:
         return proc.ppid()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def _reading(proc: psutil.Process) -> ProcReading:
-    try:
-        with proc.oneshot():
-            cpu = proc.cpu_times()
-            return ProcReading(
-                pid=proc.pid,
-                name=proc.name(),
-                alive=proc.status() != psutil.STATUS_ZOMBIE,
-                rss_bytes=proc.memory_info().rss,
-                cpu_seconds=cpu.user + cpu.system,
-                start_time=proc.create_time(),
-                cmdline=" ".join(proc.cmdline())[:200] or None,
-            )
-    except psutil.NoSuchProcess:
-        return ProcReading(pid=proc.pid, name="?", alive=False)
-    except psutil.AccessDenied:
-        return ProcReading(pid=proc.pid, name="?", alive=True)

@@ -81,7 +81,14 @@ class Parser:
         self._series: dict[str, tuple[str, Labels]] = {}
         self._max_series = max_series
 
-    def parse(self, text: str) -> Page:
+    def parse(self, text: str, families: frozenset[str] | None = None) -> Page:
+        """Parse a page; with ``families``, only those families' samples are read.
+
+        Filtering works on the ``# HELP`` blocks prometheus_client writes (one
+        per family, the family named as in its samples: ``x_total``, ``x``
+        for histograms, ``x_created``): blocks of other families are skipped
+        whole, unread and unchecked. A page without HELP lines is read whole.
+        """
         if not text.strip():
             raise ParseError("empty page")
         if not text.endswith("\n"):
@@ -89,17 +96,32 @@ class Parser:
         if len(self._series) > self._max_series:
             self._series.clear()  # a target with churning labels: start over rather than grow
         page = Page()
+        if families is None or not text.startswith("# HELP "):
+            self._lines(text, page, 0)
+            return page
+        lineno = 0
+        for block in text[len("# HELP ") :].split("\n# HELP "):
+            name = block[: block.find(" ")]
+            if name in families:
+                start = block.find("\n") + 1  # the rest of the HELP line is not a sample
+                if start and self._lines(block[start:], page, lineno + 1):
+                    break
+            lineno += block.count("\n") + 1
+        return page
+
+    def _lines(self, text: str, page: Page, lineno: int) -> bool:
+        """Read sample and TYPE lines into ``page``; True when ``# EOF`` was reached."""
         samples = page.samples
         series = self._series
-        lineno = 0
         for line in text.split("\n"):
             lineno += 1
             if not line:
                 continue
             if line[0] == "#":
-                if line.startswith("# EOF"):
-                    break
-                _comment(page, line, lineno)
+                if line.startswith("# TYPE "):
+                    _type_line(page, line, lineno)
+                elif line.startswith("# EOF"):
+                    return True
                 continue
             close = line.rfind("}")
             if close >= 0:
@@ -123,7 +145,7 @@ class Parser:
                 samples[known[0]] = [(known[1], value)]
             else:
                 entries.append((known[1], value))
-        return page
+        return False
 
 
 def parse(text: str) -> Page:
@@ -156,12 +178,11 @@ def _value_with_timestamp(rest: str, line: str, lineno: int) -> float:
     raise ParseError(f"expected a number (and optional timestamp) after the series in {line[:80]!r}", lineno)
 
 
-def _comment(page: Page, line: str, lineno: int) -> None:
-    if line.startswith("# TYPE "):
-        parts = line.split()
-        if len(parts) != 4:
-            raise ParseError(f"malformed TYPE line {line[:80]!r}", lineno)
-        page.types[parts[2]] = parts[3]
+def _type_line(page: Page, line: str, lineno: int) -> None:
+    parts = line.split()
+    if len(parts) != 4:
+        raise ParseError(f"malformed TYPE line {line[:80]!r}", lineno)
+    page.types[parts[2]] = parts[3]
 
 
 def _labels(text: str, line: str, lineno: int) -> Labels:

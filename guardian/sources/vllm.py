@@ -81,7 +81,7 @@ class VllmScraper:
         except UnicodeDecodeError as exc:
             return _Failure("parse", f"GET /metrics is not UTF-8 text (byte {exc.start})")
         try:
-            return self._parser.parse(text)
+            return self._parser.parse(text, vllm_page.FAMILIES)
         except promtext.ParseError as exc:
             return _Failure("truncated" if exc.truncated else "parse", f"GET /metrics is not Prometheus text: {exc}")
 

@@ -37,6 +37,16 @@ LATENCY_HISTOGRAMS: dict[str, str] = {
     "itl": "vllm:inter_token_latency_seconds",
     "queue": "vllm:request_queue_time_seconds",
 }
+# the histograms a CoreReading carries: the latencies and the request lengths (the
+# page has ~20; assembling the rest every poll would cost more than the parse)
+HISTOGRAMS = (*LATENCY_HISTOGRAMS.values(), "vllm:request_prompt_tokens", "vllm:request_generation_tokens")
+# every family the extractor reads, as named on the page's HELP lines: the
+# scraper parses only these (a vLLM page has ~130 families)
+FAMILIES = frozenset(
+    [name for names in _SCALARS.values() for name in names]
+    + list(HISTOGRAMS)
+    + ["vllm:engine_sleep_state", "vllm:cache_config_info"]
+)
 
 
 def has_engine_stats(page: Page) -> bool:
@@ -75,20 +85,12 @@ def cores_from_page(page: Page) -> tuple[CoreReading, ...]:
     for labels, _ in page.get("vllm:cache_config_info"):
         core(labels)["cache_config"] = {k: v for k, v in labels.items() if k != "engine"}
 
-    for name in _histogram_names(page):
+    for name in HISTOGRAMS:
         for key, hist in _histograms(page, name).items():
             target = cores.get(key[0]) or core({"engine": key[0], "model_name": key[1]})
             target["histograms"][name] = hist  # type: ignore[index]
 
     return tuple(CoreReading(**fields) for _, fields in sorted(cores.items()))  # type: ignore[arg-type]
-
-
-def _histogram_names(page: Page) -> list[str]:
-    return [
-        name
-        for name, kind in page.types.items()
-        if kind == "histogram" and name.startswith(PREFIX) and name + "_bucket" in page.samples
-    ]
 
 
 def _histograms(page: Page, name: str) -> dict[tuple[str, str], Histogram]:
@@ -102,14 +104,19 @@ def _histograms(page: Page, name: str) -> dict[tuple[str, str], Histogram]:
             bound = float(le)
         except ValueError:
             continue
-        buckets.setdefault(_series(labels), []).append((bound, value))
+        key = (labels.get("engine", ""), labels.get("model_name", ""))
+        found = buckets.get(key)
+        if found is None:
+            buckets[key] = [(bound, value)]
+        else:
+            found.append((bound, value))
     counts = {_series(labels): value for labels, value in page.get(name + "_count")}
     sums = {_series(labels): value for labels, value in page.get(name + "_sum")}
     created = {_series(labels): value for labels, value in page.get(name + "_created")}
     result: dict[tuple[str, str], Histogram] = {}
     for key, items in buckets.items():
-        items.sort()
-        if not items or items[-1][0] != math.inf:
+        items.sort()  # prometheus_client writes them in order; others may not
+        if items[-1][0] != math.inf:
             continue  # no +Inf bucket: not a usable histogram
         result[key] = Histogram(
             buckets=tuple(items), count=counts.get(key), sum=sums.get(key), created=created.get(key)

@@ -1,0 +1,175 @@
+"""CPU cost of one guardian poll, and of parsing one vLLM /metrics page.
+
+    python bench/poll_cost.py [--polls 200] [--engines 8] [--gpus 8]
+
+Set-up: a separate process serves the real vLLM 0.33 page from
+tests/fixtures on one port per engine (so the servers' CPU is not counted);
+this process runs the real daemon's poll against them, with the fake NVML
+over simulated GPUs and a pid-file process source per engine. CPU time is
+``time.process_time()`` of this process (all threads: the event loop, the
+NVML and /proc workers), divided by the number of polls.
+
+Targets (issue 2): <= 5 ms CPU per poll; parsing >= 3x faster than
+prometheus_client.parser.text_string_to_metric_families.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PAGE = ROOT / "tests" / "fixtures" / "vllm-0.33-metrics.txt"
+
+
+def serve(count: int, ports_file: Path) -> None:
+    """The page servers: run in a child process."""
+    from aiohttp import web
+
+    body = PAGE.read_bytes()
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="text/plain")
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response()
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/health", health)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        ports = []
+        for _ in range(count):
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        ports_file.write_text("\n".join(map(str, ports)))
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+async def measure_polls(ports: list[int], gpus: int, polls: int, pid_file: Path) -> tuple[list[float], list[float], float]:
+    from guardian import config as cfg
+    from guardian import logs
+    from guardian.daemon import Daemon
+    from guardian.sdnotify import Notifier
+    from guardian.sim.engine import EngineModel
+    from guardian.sim.fake_nvml import FakeNvml, SimGpu
+
+    logs.configure("json", "error")
+    nvml = FakeNvml([SimGpu(index=i, uuid=f"GPU-bench-{i}", engine=EngineModel(), pid=1000 + i) for i in range(gpus)])
+    config = cfg.Config(
+        guardian=cfg.GuardianSection(listen="127.0.0.1:0"),
+        engines=[
+            cfg.EngineSection(name=f"e{i}", url=f"http://127.0.0.1:{p}", process=cfg.ProcessSection(pid_file=pid_file))
+            for i, p in enumerate(ports)
+        ],
+    )
+    daemon = Daemon(config, nvml_module=nvml, notifier=Notifier(address=""))
+    await daemon.start()
+    daemon._scheduler.pause()  # polls driven here, back to back
+    try:
+        for _ in range(10):  # warm-up: connections, parser caches, windows
+            await daemon.poll_once()
+        cpu, wall = [], []
+        for _ in range(polls):
+            c0, w0 = time.process_time(), time.perf_counter()
+            await daemon.poll_once()
+            cpu.append(time.process_time() - c0)
+            wall.append(time.perf_counter() - w0)
+        c0 = time.process_time()
+        for _ in range(50):
+            daemon.metrics.render()
+        render = (time.process_time() - c0) / 50
+    finally:
+        await daemon.close()
+    return cpu, wall, render
+
+
+def measure_parse(repeat: int) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from guardian.sources import promtext, vllm_page
+
+    text = PAGE.read_text()
+
+    def timed(fn) -> float:  # type: ignore[no-untyped-def]
+        fn()
+        best = []
+        for _ in range(5):
+            t0 = time.process_time()
+            for _ in range(repeat):
+                fn()
+            best.append((time.process_time() - t0) / repeat)
+        return min(best)
+
+    warm = promtext.Parser()
+    return {
+        "prometheus_client": timed(lambda: list(text_string_to_metric_families(text))),
+        "guardian cold (new parser each page)": timed(lambda: promtext.parse(text)),
+        "guardian warm (parser of a known target)": timed(lambda: warm.parse(text)),
+        "guardian warm + vLLM extraction": timed(lambda: vllm_page.cores_from_page(warm.parse(text))),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--polls", type=int, default=200)
+    parser.add_argument("--engines", type=int, default=8)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--parse-repeat", type=int, default=50)
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.engines, args.serve)
+        return 0
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ports_file = Path(tmp) / "ports"
+        server = subprocess.Popen([sys.executable, __file__, "--engines", str(args.engines), "--serve", str(ports_file)])
+        try:
+            deadline = time.monotonic() + 30
+            while not ports_file.exists() or not ports_file.read_text():
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise SystemExit("bench: the page server did not start")
+                time.sleep(0.1)
+            ports = [int(p) for p in ports_file.read_text().split()]
+            pid_file = Path(tmp) / "vllm.pid"
+            pid_file.write_text(str(server.pid))
+            print(f"poll: {args.gpus} GPUs (fake NVML), {args.engines} engines (real vLLM 0.33 page, "
+                  f"{PAGE.stat().st_size} bytes, {sum(1 for _ in PAGE.open())} lines), pid-file processes, {args.polls} polls")  # fmt: skip
+            cpu, wall, render = asyncio.run(measure_polls(ports, args.gpus, args.polls, pid_file))
+        finally:
+            server.kill()
+            server.wait()
+
+    ms = lambda v: v * 1000  # noqa: E731
+    cpu_sorted = sorted(cpu)
+    print(f"  CPU per poll   median {ms(statistics.median(cpu)):6.2f} ms   p95 {ms(cpu_sorted[int(0.95 * len(cpu)) - 1]):6.2f} ms"
+          f"   mean {ms(statistics.fmean(cpu)):6.2f} ms   (target <= 5 ms)")  # fmt: skip
+    print(f"  wall per poll  median {ms(statistics.median(wall)):6.2f} ms")
+    print(f"  /metrics render (per Prometheus scrape, not per poll): {ms(render):.2f} ms CPU")
+
+    parse = measure_parse(args.parse_repeat)
+    base = parse["prometheus_client"]
+    print("parse of one vLLM page (best of 5, CPU):")
+    for name, seconds in parse.items():
+        ratio = "" if name == "prometheus_client" else f"   {base / seconds:5.1f}x faster than prometheus_client"
+        print(f"  {name:<42} {ms(seconds):7.3f} ms{ratio}")
+    print("  (target: >= 3x faster)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
