@@ -89,3 +89,24 @@ def test_timestamps_whitespace_and_special_values_are_accepted() -> None:
 def test_openmetrics_eof_ends_the_page() -> None:
     page = promtext.parse("a 1\n# EOF\n")
     assert page.get("a")[0][1] == 1
+
+
+def test_family_filter_reads_only_the_wanted_families(vllm_page: str) -> None:
+    page = promtext.Parser().parse(vllm_page, frozenset({"vllm:kv_cache_usage_perc", "vllm:e2e_request_latency_seconds"}))
+    assert set(page.samples) == {
+        "vllm:kv_cache_usage_perc",
+        "vllm:e2e_request_latency_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_sum",
+    }
+    assert page.get("vllm:kv_cache_usage_perc")[0][1] == 0.4375
+    assert page.family_type("vllm:e2e_request_latency_seconds_bucket") == "histogram"
+
+
+def test_family_filter_refuses_garbage_in_a_wanted_family_with_the_right_line() -> None:
+    text = "# HELP a A\n# TYPE a gauge\na 1\n# HELP b B\n# TYPE b gauge\nb{oops 2\n"
+    with pytest.raises(promtext.ParseError) as info:
+        promtext.Parser().parse(text, frozenset({"b"}))
+    assert info.value.line == 6
+    # the same line in a family nobody asked for is not read at all
+    assert promtext.Parser().parse(text, frozenset({"a"})).get("a")[0][1] == 1
