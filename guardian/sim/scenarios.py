@@ -73,7 +73,7 @@ class Scenario:
 
 
 def _steady(t: float) -> float:
-    return 6.0
+    return 4.0
 
 
 def _burst(t: float) -> float:
@@ -92,7 +92,7 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario(
             name="steady",
-            description="a steady chat workload: 6 req/s, prompts around 1500 tokens",
+            description="a steady chat workload: 4 req/s, prompts around 1500 tokens",
             rate=_steady,
             prompt=Lengths(1500, 0.8, 16, 16000),
             output=Lengths(160, 0.7, 8, 1024),
