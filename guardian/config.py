@@ -136,13 +136,7 @@ class EngineSection(_Model):
 
     @property
     def is_loopback(self) -> bool:
-        host = urlsplit(self.url).hostname or ""
-        if host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            return False
+        return _loopback_host(urlsplit(self.url).hostname or "")
 
 
 class GpuSection(_Model):
