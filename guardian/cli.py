@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the daemon with a config file", description="Run the daemon: poll, analyse, export. SIGHUP reloads the config; SIGTERM stops.")
     run.add_argument("--config", "-c", required=True, type=Path, metavar="PATH", help="TOML config (see systemd/guardian.toml)")
+    run.add_argument("--record", type=Path, metavar="FILE", help="write every sample to FILE as JSON lines (for guardian analyze)")
+    run.add_argument("--record-max-mb", type=float, default=256, metavar="MB", help="rotate the record file at this size (default: 256)")
+    run.add_argument("--record-keep", type=int, default=3, metavar="N", help="rotated record files to keep (default: 3)")
 
     check = sub.add_parser("check-config", help="validate a config file and exit", description="Validate a config file: exit 0 when valid, 2 with every problem listed when not.")
     check.add_argument("path", type=Path, metavar="PATH")
@@ -44,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
         + "; ".join(f"{s.name}: {s.description}" for s in scenarios.SCENARIOS.values()),
     )
     demo.add_argument("--scenario", default="steady", choices=sorted(scenarios.SCENARIOS), help="workload and faults (default: steady)")
-    demo.add_argument("--duration", type=float, default=60.0, metavar="SECONDS", help="how long to run; 0 = until Ctrl-C (default: 60)")
+    demo.add_argument("--duration", type=float, metavar="SECONDS", help="how long to run; 0 = until Ctrl-C (default: the scenario's, 60 or 90)")
+    demo.add_argument("--record", type=Path, metavar="FILE", help="write every sample to FILE (JSON lines) for guardian analyze")
     demo.add_argument("--port", type=int, default=0, help="guardian's HTTP port (default: a free port)")
     demo.add_argument("--engines", type=int, default=1, help="simulated engines, one GPU each (default: 1)")
     demo.add_argument("--seed", type=int, default=0, help="seed for arrivals and lengths (default: 0)")
@@ -96,8 +100,13 @@ def _run(args: argparse.Namespace) -> int:
     config = _load_or_exit(args.config)
     logs.configure(config.guardian.log_format, config.guardian.log_level)
     from guardian.daemon import Daemon
+    from guardian.record import SampleRecorder
 
-    asyncio.run(Daemon(config, args.config).run())
+    if args.record_max_mb <= 0 or args.record_keep < 0:
+        print("guardian run: --record-max-mb must be above 0 and --record-keep at least 0", file=sys.stderr)
+        return 2
+    record = SampleRecorder(args.record, int(args.record_max_mb * 2**20), args.record_keep) if args.record else None
+    asyncio.run(Daemon(config, args.config, record=record).run())
     return 0
 
 
@@ -120,7 +129,10 @@ def _demo(args: argparse.Namespace) -> int:
     logs.configure("console", "info")
     from guardian.demo import run_demo
 
-    return asyncio.run(run_demo(args.scenario, args.duration, args.port, args.engines, args.seed, args.interval))
+    duration = args.duration if args.duration is not None else scenarios.get(args.scenario).demo_seconds
+    return asyncio.run(
+        run_demo(args.scenario, duration, args.port, args.engines, args.seed, args.interval, record=args.record)
+    )
 
 
 def _probe(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ on a host at night, not someone who can read a pydantic traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import ipaddress
 import tomllib
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from guardian.analysis.leak import LeakParams
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -209,12 +211,39 @@ class BreakerSection(_Model):
         return self
 
 
+# The leak detector's parameters are its own dataclass (the pure core knows no
+# pydantic); as a config section it is validated like the others.
+LeakParams.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]
+
+
+class FragmentationSection(_Model):
+    # share of the engine's memory that is KV pool, when vLLM does not report kv_cache_memory_bytes
+    kv_pool_share: float = Field(0.7, gt=0, lt=1)
+
+
 class Config(_Model):
     guardian: GuardianSection = GuardianSection()
     gpus: GpuSection = GpuSection()
     engines: list[EngineSection] = []
     presets: dict[str, PresetSection] = {}
     breaker: BreakerSection = BreakerSection()
+    leak: LeakParams = LeakParams()
+    fragmentation: FragmentationSection = FragmentationSection()
+
+    @field_validator("leak")
+    @classmethod
+    def _leak(cls, params: LeakParams) -> LeakParams:
+        for f in dataclasses.fields(params):
+            value = getattr(params, f.name)
+            if value <= 0:
+                raise Problem(f"leak.{f.name} = {value} must be above 0", f"use the default, {f.default}")
+        if params.min_step_ratio >= params.leak_rise_ratio:
+            raise Problem(
+                f"leak.min_step_ratio ({params.min_step_ratio}) is not below leak.leak_rise_ratio "
+                f"({params.leak_rise_ratio})",
+                "the smallest step must be smaller than the rise that makes a leak",
+            )
+        return params
 
     @field_validator("engines")
     @classmethod
@@ -328,23 +357,26 @@ def _key(loc: tuple[Any, ...]) -> str:
     return key
 
 
+def _field_types(model: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(model):
+        return {f.name: f.type for f in dataclasses.fields(model)}
+    return {name: f.annotation for name, f in getattr(model, "model_fields", {}).items()}
+
+
 def _fields_at(loc: tuple[Any, ...]) -> list[str]:
     model: Any = Config
     for part in loc:
         if isinstance(part, int):
             continue
-        field = getattr(model, "model_fields", {}).get(part)
-        if field is None:
-            return []
-        annotation = field.annotation
-        model = _model_in(annotation)
+        annotation = _field_types(model).get(part)
+        model = _model_in(annotation) if annotation is not None else None
         if model is None:
             return []
-    return list(getattr(model, "model_fields", {}))
+    return list(_field_types(model))
 
 
 def _model_in(annotation: Any) -> Any:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if isinstance(annotation, type) and (issubclass(annotation, BaseModel) or dataclasses.is_dataclass(annotation)):
         return annotation
     for arg in getattr(annotation, "__args__", ()):
         found = _model_in(arg)
@@ -363,7 +395,7 @@ def _issue(err: Any) -> ConfigIssue:
         text = message.removeprefix("Value error, ")
         what, fix = text.split("\x00", 1)
         return ConfigIssue(key, what, fix)
-    if kind == "extra_forbidden":
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
         known = _fields_at(loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         fix = f"did you mean {close[0]!r}?" if close else ("known keys: " + ", ".join(known) if known else "remove it")

@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any
 
 import aiohttp
+import psutil
 import pynvml
 from aiohttp import web
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
@@ -28,7 +29,9 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from guardian import config as cfg
 from guardian import logs
 from guardian.analysis.engine_stats import EngineSignals, EngineTracker
+from guardian.analysis.memory import MemoryReport, MemoryWatch
 from guardian.exporter import Metrics, make_app
+from guardian.record import SampleRecorder
 from guardian.sample import EngineReading, NvmlReading, ProcReading, Sample
 from guardian.sdnotify import Notifier, watchdog_interval
 from guardian.snapshot import Snapshot, gpu_memory_by_pid
@@ -77,6 +80,7 @@ class Daemon:
         config_path: str | Path | None = None,
         nvml_module: ModuleType | Any = pynvml,
         notifier: Notifier | None = None,
+        record: SampleRecorder | None = None,
     ) -> None:
         self.config = config
         self.config_path = Path(config_path) if config_path else None
@@ -94,11 +98,18 @@ class Daemon:
         self._nvml_log = _FailureLog("nvml")
         self._engines: dict[str, _Engine] = {}
         self._engine_logs: dict[str, _FailureLog] = {}
+        self._memory = self._memory_watch(config)
+        self._leaking: dict[str, bool] = {}
+        self._record = record
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self._scheduler: AsyncIOScheduler | None = None
         self._stop = asyncio.Event()
         self._ready_sent = False
+
+    @staticmethod
+    def _memory_watch(config: cfg.Config) -> MemoryWatch:
+        return MemoryWatch(config.leak, config.fragmentation.kv_pool_share, psutil.virtual_memory().total)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -159,6 +170,8 @@ class Daemon:
             self._session = None
         if not self._nvml_worker.busy:
             self._nvml.close()
+        if self._record is not None:
+            self._record.close()
         self.notifier.close()
 
     async def _start_http(self) -> None:
@@ -232,6 +245,8 @@ class Daemon:
                 self._nvml.close()
             self._nvml = NvmlSource(new.gpus.select, self._nvml_module)
         self._build_engines(new)
+        if (new.leak, new.fragmentation) != (old.leak, old.fragmentation):
+            self._memory = self._memory_watch(new)  # detectors start over with the new parameters
         if self._scheduler is not None and new.guardian.poll_interval_seconds != old.guardian.poll_interval_seconds:
             self._schedule()
         self.metrics.reloads.labels("applied").inc()
@@ -294,14 +309,19 @@ class Daemon:
             self._observe_engine(engine, reading, before)
         self._nvml_failures = 0 if nvml.ok else self._nvml_failures + 1
         self._nvml_log.observe(None if nvml.ok else "nvml", nvml.error)
+        memory = self._memory.update(sample, signals)
+        self._observe_memory(sample, memory)
         elapsed = time.monotonic() - started
         self.snapshot = Snapshot(
             sample=sample,
             engines=signals,
             nvml_lost=self._nvml_failures >= self.config.guardian.telemetry_lost_after_polls,
             poll_seconds=elapsed,
+            memory=memory,
             urls={e.section.name: e.section.url for e in engines},
         )
+        if self._record is not None:
+            self._record.write(sample)
         self.last_poll_monotonic = time.monotonic()
         self.metrics.polls.inc()
         self.metrics.poll_duration.observe(elapsed)
@@ -349,6 +369,45 @@ class Daemon:
         if engine.tracker.restarts > restarts_before:
             log.warning("engine_restart_detected", engine=name, restarts=engine.tracker.restarts)
 
+    def _observe_memory(self, sample: Sample, memory: MemoryReport) -> None:
+        """One event per step found or given back, and when a series starts or stops looking like a leak."""
+        for series, report in memory.leaks.items():
+            for step in report.new_steps:
+                self.metrics.leak_steps.labels(series).inc()
+                log.warning(
+                    "leak_step_detected",
+                    series=series,
+                    at=_wall(sample, step.t),
+                    size_bytes=round(step.size),
+                    level_bytes=round(report.level or 0),
+                    overhang_bytes=round(report.overhang),
+                    held_steps=len(report.held_steps),
+                    confidence=round(report.confidence, 2),
+                    time_to_exhaustion_seconds=_round(report.time_to_exhaustion),
+                )
+            for step in report.given_back:
+                self.metrics.leak_steps_given_back.labels(series).inc()
+                log.info(
+                    "leak_step_given_back",
+                    series=series,
+                    at=_wall(sample, step.t),
+                    size_bytes=round(step.size),
+                    held_for_seconds=round((step.given_back_at or sample.t) - step.found_at, 1),
+                )
+            was = self._leaking.get(series, False)
+            if report.leak != was:
+                self._leaking[series] = report.leak
+                (log.error if report.leak else log.info)(
+                    "leak_suspected" if report.leak else "leak_cleared",
+                    series=series,
+                    held_steps=len(report.held_steps),
+                    steps=[(_wall(sample, s.t), round(s.size)) for s in report.held_steps][-10:],
+                    overhang_bytes=round(report.overhang),
+                    slope_bytes_per_second=round(report.slope, 1),
+                    time_to_exhaustion_seconds=_round(report.time_to_exhaustion),
+                    confidence=round(report.confidence, 2),
+                )
+
     def _status_line(self) -> str:
         snap = self.snapshot
         if snap is None:
@@ -371,6 +430,16 @@ def _with_processes(
     if procs is None:
         return reading
     return replace(reading, processes=procs[0], process_error=procs[1])
+
+
+def _wall(sample: Sample, t: float) -> str:
+    """A monotonic time of this run as ISO wall-clock time, via the sample's pair of clocks."""
+    wall = sample.wall - (sample.t - t)
+    return datetime.fromtimestamp(wall, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def _n(value: float | None) -> str:

@@ -9,17 +9,26 @@ is what guardian would show on a GPU host.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import TextIO
 
 from guardian import config as cfg
 from guardian.daemon import Daemon
+from guardian.record import SampleRecorder
 from guardian.sim import scenarios
 from guardian.sim.cluster import SimCluster
 from guardian.snapshot import Snapshot
+
+
+# A simulated engine has no CUDA graphs to capture: a short warm-up. And two
+# steps make a leak here, so the staircase is called one within a minute or two
+# (a real host keeps the default, three steps inside six hours).
+DEMO_LEAK = dataclasses.replace(cfg.LeakParams(), warmup_seconds=2.0, leak_steps=2)
 
 
 def demo_config(cluster: SimCluster, port: int, interval: float) -> cfg.Config:
@@ -27,6 +36,7 @@ def demo_config(cluster: SimCluster, port: int, interval: float) -> cfg.Config:
         guardian=cfg.GuardianSection(
             poll_interval_seconds=interval, listen=f"127.0.0.1:{port}", latency_window_seconds=max(2 * interval, 20.0)
         ),
+        leak=DEMO_LEAK,
         engines=[
             cfg.EngineSection(
                 name=f"sim{i}", url=url, dev_mode=True, process=cfg.ProcessSection(pid_file=cluster.pid_file)
@@ -45,11 +55,13 @@ async def run_demo(
     interval: float,
     summary_every: float = 5.0,
     out: TextIO = sys.stdout,
+    record: Path | None = None,
 ) -> int:
     scenario = scenarios.get(scenario_name)
     cluster = SimCluster(scenario, engines=engines, seed=seed)
     await cluster.start()
-    daemon = Daemon(demo_config(cluster, port, interval), nvml_module=cluster.nvml)
+    recorder = SampleRecorder(record) if record is not None else None
+    daemon = Daemon(demo_config(cluster, port, interval), nvml_module=cluster.nvml, record=recorder)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -113,10 +125,20 @@ def summary(snap: Snapshot | None, elapsed: float) -> str:
         util = f"{gpu.utilization_gpu_ratio * 100:.0f}%" if gpu.utilization_gpu_ratio is not None else "?"
         parts.append(
             f"GPU{gpu.index}: {gpu.memory_used_bytes / 2**30:.1f}/{gpu.memory_total_bytes / 2**30:.1f} GiB util {util}"
+            + _leak_text(snap, f"gpu/{gpu.index}/used")
         )
     if not snap.nvml.ok:
         parts.append(f"NVML: {snap.nvml.error}")
     return f"[{elapsed:5.0f}s] " + " | ".join(parts)
+
+
+def _leak_text(snap: Snapshot, series: str) -> str:
+    report = snap.memory.leaks.get(series) if snap.memory else None
+    if report is None or report.warming_up:
+        return ""
+    held = len(report.held_steps)
+    text = f" steps {held} (+{report.overhang / 2**30:.1f} GiB)" if held else ""
+    return text + (" LEAK SUSPECTED" if report.leak else "")
 
 
 def _n(value: float | None) -> str:

@@ -47,6 +47,15 @@ class Metrics:
             "guardian_scrape_errors", "Failed scrapes of a vLLM server, by reason.", ["engine", "reason"], registry=r
         )
         self.nvml_errors = Counter("guardian_nvml_errors", "Failed NVML reads, by reason.", ["reason"], registry=r)
+        self.leak_steps = Counter(
+            "guardian_leak_steps", "Memory steps found by the leak detector, by series.", ["series"], registry=r
+        )
+        self.leak_steps_given_back = Counter(
+            "guardian_leak_steps_given_back",
+            "Steps later given back (spikes, sawtooth, memory freed), by series.",
+            ["series"],
+            registry=r,
+        )
         self.reloads = Counter("guardian_config_reloads", "Config reloads (SIGHUP), by outcome.", ["outcome"], registry=r)
         self.last_poll = Gauge(
             "guardian_last_poll_timestamp_seconds", "Unix time the latest poll finished.", registry=r
@@ -65,7 +74,7 @@ class _SnapshotCollector:
         snap = self._snapshot()
         if snap is None:
             return []
-        return [*_gpu_metrics(snap), *_engine_metrics(snap)]
+        return [*_gpu_metrics(snap), *_engine_metrics(snap), *_memory_metrics(snap)]
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
@@ -188,6 +197,44 @@ def _engine_metrics(snap: Snapshot) -> list[Metric]:
             prompt, gen, reqs, preempt, spec, restarts, procs, rss, gpu_mem]  # fmt: skip
 
 
+def _memory_metrics(snap: Snapshot) -> list[Metric]:
+    if snap.memory is None:
+        return []
+    s = ["series"]
+    suspected = _gauge("guardian_leak_suspected", "1 when the series looks like a stepwise leak.", s)
+    confidence = _gauge("guardian_leak_confidence_ratio", "How far along the leak rule the series is (0..1).", s)
+    held = _gauge("guardian_leak_steps_held", "Steps found and not given back.", s)
+    overhang = _gauge(
+        "guardian_memory_overhang_bytes", "Rise of the series' floor since the end of warm-up.", s
+    )
+    level = _gauge("guardian_memory_level_bytes", "The detector's robust level of the series.", s)
+    slope = _gauge("guardian_leak_slope_bytes_per_second", "Held rise per second since the first held step.", s)
+    tte = _gauge(
+        "guardian_memory_exhaustion_seconds", "Projected time until the series reaches its capacity at that slope.", s
+    )
+    for series, report in snap.memory.leaks.items():
+        lab = [series]
+        suspected.add_metric(lab, 1.0 if report.leak else 0.0)
+        confidence.add_metric(lab, report.confidence)
+        held.add_metric(lab, float(len(report.held_steps)))
+        if not report.warming_up:
+            overhang.add_metric(lab, report.overhang)
+        _put(level, lab, report.level)
+        slope.add_metric(lab, report.slope)
+        _put(tte, lab, report.time_to_exhaustion)
+    e = ["engine"]
+    frag = _gauge(
+        "guardian_fragmentation_ratio", "(KV internal waste + overhang) / memory held by the engine.", e
+    )
+    kv = _gauge("guardian_kv_internal_fragmentation_ratio", "Estimated empty share of the used KV slots.", e)
+    waste = _gauge("guardian_kv_internal_waste_bytes", "Estimated bytes of empty slots in used KV blocks.", e)
+    for name, f in snap.memory.fragmentation.items():
+        _put(frag, [name], f.ratio)
+        _put(kv, [name], f.kv_internal_ratio)
+        _put(waste, [name], f.kv_internal_waste_bytes)
+    return [suspected, confidence, held, overhang, level, slope, tte, frag, kv, waste]
+
+
 # -- /status -------------------------------------------------------------------
 
 
@@ -228,6 +275,31 @@ def status(snap: Snapshot | None, started_wall: float, interval: float) -> dict[
         for g in s.nvml.gpus
     ]
     out["engines"] = [_engine_status(snap, r.name) for r in s.engines]
+    if snap.memory is not None:
+        out["memory"] = {
+            series: {
+                "warming_up": r.warming_up,
+                "level_gib": _gib(r.level),
+                "overhang_gib": _gib(r.overhang),
+                "leak_suspected": r.leak,
+                "confidence": round(r.confidence, 2),
+                "steps_held": [
+                    {"at": _iso(s.wall - (s.t - st.t)), "size_gib": _gib(st.size)} for st in r.held_steps
+                ][-10:],
+                "steps_given_back": sum(1 for st in r.steps if st.given_back_at is not None),
+                "time_to_exhaustion_hours": None if r.time_to_exhaustion is None else round(r.time_to_exhaustion / 3600, 2),
+            }
+            for series, r in snap.memory.leaks.items()
+        }
+        out["fragmentation"] = {
+            name: {
+                "ratio_percent": _pct(f.ratio),
+                "kv_internal_percent": _pct(f.kv_internal_ratio),
+                "kv_internal_waste_gib": _gib(f.kv_internal_waste_bytes),
+                "overhang_gib": _gib(f.overhang_bytes),
+            }
+            for name, f in snap.memory.fragmentation.items()
+        }
     return out
 
 
@@ -283,7 +355,7 @@ def _iso(wall: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall)) + f".{int(wall % 1 * 1000):03d}Z"
 
 
-def _gib(value: int | None) -> float | None:
+def _gib(value: float | None) -> float | None:
     return None if value is None else round(value / 2**30, 3)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from guardian.analysis.engine_stats import EngineSignals
+from guardian.analysis.memory import MemoryReport
 from guardian.sample import NvmlReading, Sample
 
 
@@ -14,6 +15,7 @@ class Snapshot:
     engines: dict[str, EngineSignals]
     nvml_lost: bool  # NVML failed for telemetry_lost_after_polls polls in a row
     poll_seconds: float  # how long the poll took (wall)
+    memory: MemoryReport | None = None  # leak detectors and fragmentation
     urls: dict[str, str] = field(default_factory=dict)  # engine name -> base URL
 
     @property

@@ -69,7 +69,7 @@ class Step:
 @dataclass(frozen=True)
 class LeakReport:
     level: float | None  # the accepted (robust) level
-    overhang: float  # rise of the floor since the end of warm-up; 0 while warming up
+    overhang: float  # rise of the level since the end of warm-up; 0 while warming up
     steps: tuple[Step, ...]  # held and given back, oldest first
     new_steps: tuple[Step, ...]  # found by this update
     given_back: tuple[Step, ...]  # marked given back by this update
@@ -270,11 +270,14 @@ class LeakDetector:
         p = self.p
         held = [s for s in self._steps if s.given_back_at is None]
         recent = [s for s in held if t - s.t <= p.leak_window_seconds]
-        floor = self._floor[0][1] if self._floor else None
-        overhang = max(0.0, floor - self._base) if floor is not None and self._base is not None else 0.0
+        floor_rise = overhang = 0.0
+        if self._base is not None and self._level is not None and self._floor:
+            # the floor (lowest level over floor_seconds) also sees a slow creep that has no steps
+            floor_rise = max(0.0, self._floor[0][1] - self._base)
+            overhang = max(floor_rise, self._level - self._base)
         rise_needed = p.leak_rise_ratio * self.budget
-        leak = len(recent) >= p.leak_steps or overhang >= rise_needed
-        confidence = min(1.0, max(len(recent) / p.leak_steps, overhang / rise_needed))
+        leak = len(recent) >= p.leak_steps or floor_rise >= rise_needed
+        confidence = min(1.0, max(len(recent) / p.leak_steps, floor_rise / rise_needed))
         slope = 0.0
         if recent:
             span = t - recent[0].t

@@ -65,6 +65,7 @@ class Scenario:
     stream_share: float = 0.5  # share of requests sent with stream=true
     long_share: float = 0.0  # share of requests drawn from long_prompt instead
     long_prompt: Lengths | None = None
+    demo_seconds: float = 60.0  # how long `guardian demo` plays it by default
 
     def draw_prompt(self, rng: random.Random) -> int:
         if self.long_prompt is not None and rng.random() < self.long_share:
@@ -80,10 +81,15 @@ def _burst(t: float) -> float:
     return 24.0 if t % 20.0 >= 14.0 else 1.5  # 6 s of burst every 20 s
 
 
-def _staircase(start: float = 8.0, every: float = 8.0, steps: int = 12, size: float = 0.01) -> tuple[Fault, ...]:
-    leak = tuple(Fault(start + i * every, "leak_step", size) for i in range(steps))
-    # a spike that is given back: a detector must not call this a step
-    spike = (Fault(5.0, "spike", 0.02), Fault(6.5, "give_back", 0.02))
+# The demo's staircase: steps far enough apart for the detector's hold (20 polls)
+# to finish between them, and a spike given back that must not count.
+STAIRCASE_STEPS = (10.0, 40.0, 70.0, 100.0)
+STAIRCASE_STEP_RATIO = 0.015  # of the GPU's memory
+
+
+def _staircase() -> tuple[Fault, ...]:
+    leak = tuple(Fault(t, "leak_step", STAIRCASE_STEP_RATIO) for t in STAIRCASE_STEPS)
+    spike = (Fault(5.0, "spike", 0.02), Fault(7.0, "give_back", 0.02))
     return spike + leak
 
 
@@ -106,11 +112,12 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             name="staircase-leak",
-            description="steady load while GPU memory outside vLLM's pool steps up 1% every 8 s (and one spike given back)",
+            description="steady load while GPU memory outside vLLM's pool steps up 1.5% every 30 s (and one spike given back)",
             rate=_steady,
             prompt=Lengths(1500, 0.8, 16, 16000),
             output=Lengths(160, 0.7, 8, 1024),
             faults=_staircase(),
+            demo_seconds=90.0,
         ),
         Scenario(
             name="long-context-flood",
