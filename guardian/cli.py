@@ -61,6 +61,18 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_argument("--no-nvml", action="store_true", help="do not read NVML")
     probe.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the server's API key")
 
+    analyze = sub.add_parser(
+        "analyze",
+        help="look for stepwise leaks in nvidia-smi CSV logs or guardian record files",
+        description="Run the leak detector over logs: nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total"
+        "[,utilization.gpu] --format=csv[,noheader][,nounits] -l 1 output, or files from guardian run --record. "
+        "Prints a verdict per GPU. Exit status: 0 no leak, 1 a leak, 2 nothing usable in the input.",
+    )
+    analyze.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    analyze.add_argument("--plot", type=Path, metavar="PNG", help="draw the memory curves with the steps marked (needs matplotlib)")
+    analyze.add_argument("--json", action="store_true", help="print JSON instead of text")
+    analyze.add_argument("--warmup", type=float, default=300.0, metavar="SECONDS", help="at the start of a log and after a restart, ignore this long: a server's start-up is not a leak (default: 300)")
+
     sim = sub.add_parser("sim", help="serve simulated vLLM servers (to try guardian run/probe without a GPU)", description="Serve simulated vLLM 0.33 servers on loopback with optional load until Ctrl-C.")
     sim.add_argument("--port", type=int, default=8000, help="port of the first server; 0 = free ports (default: 8000)")
     sim.add_argument("--engines", type=int, default=1, help="servers, on consecutive ports (default: 1)")
@@ -82,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             "check-config": _check_config,
             "demo": _demo,
             "probe": _probe,
+            "analyze": _analyze,
             "sim": _sim,
         }[args.command](args)
     except KeyboardInterrupt:
@@ -155,6 +168,35 @@ def _probe(args: argparse.Namespace) -> int:
     result = asyncio.run(probe(args.vllm, args.timeout, api_key, nvml_module))
     print(json.dumps(result, indent=2) if args.json else render_text(result))
     return 0 if result["up"] else 1
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from guardian import analyze
+
+    if args.warmup < 0:
+        print("guardian analyze: --warmup must be 0 or more", file=sys.stderr)
+        return 2
+    series, problems = analyze.read(args.files)
+    for problem in problems[:50]:
+        print(f"skipped: {problem}", file=sys.stderr)
+    if len(problems) > 50:
+        print(f"skipped: … and {len(problems) - 50} more rows", file=sys.stderr)
+    if not series:
+        print("guardian analyze: no usable memory readings in the input", file=sys.stderr)
+        return 2
+    params = dataclasses.replace(cfg.LeakParams(), warmup_seconds=max(args.warmup, 1e-9))
+    verdicts = analyze.analyze(series, params)
+    print(json.dumps(analyze.to_json(verdicts), indent=2) if args.json else analyze.render(verdicts))
+    if args.plot:
+        try:
+            analyze.plot(verdicts, args.plot)
+        except analyze.InputError as exc:
+            print(f"guardian analyze: {exc}", file=sys.stderr)
+            return 2
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 1 if any(v.report.leak for v in verdicts) else 0
 
 
 def _sim(args: argparse.Namespace) -> int:

@@ -25,10 +25,11 @@ from guardian.sim.cluster import SimCluster
 from guardian.snapshot import Snapshot
 
 
-# A simulated engine has no CUDA graphs to capture: a short warm-up. And two
-# steps make a leak here, so the staircase is called one within a minute or two
-# (a real host keeps the default, three steps inside six hours).
-DEMO_LEAK = dataclasses.replace(cfg.LeakParams(), warmup_seconds=2.0, leak_steps=2)
+# A simulated engine has no CUDA graphs to capture: a short warm-up. Two steps
+# make a leak here and a step counts after 5 s instead of 5 min, so the
+# staircase is called one within the demo's 90 s (a real host keeps the
+# defaults: three steps inside six hours, each held for five minutes).
+DEMO_LEAK = dataclasses.replace(cfg.LeakParams(), warmup_seconds=2.0, leak_steps=2, regret_seconds=5.0)
 
 
 def demo_config(cluster: SimCluster, port: int, interval: float) -> cfg.Config:

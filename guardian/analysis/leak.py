@@ -269,7 +269,9 @@ class LeakDetector:
     def _report(self, t: float, new: tuple[Step, ...] = (), given_back: tuple[Step, ...] = (), warming_up: bool = False) -> LeakReport:
         p = self.p
         held = [s for s in self._steps if s.given_back_at is None]
-        recent = [s for s in held if t - s.t <= p.leak_window_seconds]
+        # a step counts towards a leak once it has outlived the regret window: until then it
+        # may still be a long spike, and three spikes at once are not a leak
+        recent = [s for s in held if t - s.t <= p.leak_window_seconds and t - s.found_at >= p.regret_seconds]
         floor_rise = overhang = 0.0
         if self._base is not None and self._level is not None and self._floor:
             # the floor (lowest level over floor_seconds) also sees a slow creep that has no steps

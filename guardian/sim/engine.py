@@ -349,6 +349,19 @@ class EngineModel:
         bs = self.params.block_size
         return sum(r.blocks * bs - r.kv_tokens for r in self.running)
 
+    def truth(self) -> dict[str, float | int]:
+        """What only the simulator knows, for tests and ``GET /sim/state``."""
+        used_slots = self.used_blocks * self.params.block_size
+        waste = self.internal_waste_slots()
+        return {
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "used_blocks": self.used_blocks,
+            "block_size": self.params.block_size,
+            "internal_waste_slots": waste,
+            "kv_internal_fragmentation_ratio": waste / used_slots if used_slots else 0.0,
+        }
+
     def _publish(self) -> None:
         m = self.metrics
         m.running.set(len(self.running))

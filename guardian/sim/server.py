@@ -72,6 +72,7 @@ class SimServer:
         r.add_post("/v1/completions", self._completions)
         r.add_post("/v1/chat/completions", self._chat)
         r.add_post("/tokenize", self._tokenize)
+        r.add_get("/sim/state", self._state)  # the simulator's ground truth; not a vLLM endpoint
         if self.dev_mode:
             r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
             r.add_post("/pause", self._pause)
@@ -138,6 +139,10 @@ class SimServer:
         self.advance()
         body = self.metrics_override if self.metrics_override is not None else self.engine.metrics.render()
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+    async def _state(self, _: web.Request) -> web.Response:
+        self.advance()
+        return web.json_response(self.engine.truth() | {"overhang_bytes": self.gpu.overhang_bytes if self.gpu else None})
 
     async def _version(self, _: web.Request) -> web.Response:
         return web.json_response({"version": VLLM_VERSION})

@@ -1,0 +1,271 @@
+"""``guardian analyze``: the leak detector over logs operators already have.
+
+Reads ``nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total[,utilization.gpu]
+--format=csv[,noheader][,nounits] -l 1`` output (with or without the header,
+with or without units, headers repeated where logs were concatenated) and
+guardian's own record files (``guardian run --record``). A row that cannot be
+read is reported with its file and line and skipped; it never ends the run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from guardian.analysis.leak import LeakDetector, LeakParams, LeakReport
+
+MiB = 2**20
+GiB = 2**30
+_QUERY_ORDER = ("timestamp", "index", "memory.used", "memory.total", "utilization.gpu")
+_UNITS = {"mib": MiB, "gib": GiB, "kib": 1024, "b": 1, "mb": 10**6, "gb": 10**9}
+
+
+@dataclass
+class Series:
+    gpu: str
+    source: str
+    times: list[float] = field(default_factory=list)  # unix seconds
+    used: list[float] = field(default_factory=list)  # bytes
+    total: float | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    series: Series
+    report: LeakReport
+    samples: int
+
+
+class InputError(ValueError):
+    """Nothing in the input could be used."""
+
+
+# -- reading ---------------------------------------------------------------------
+
+
+def read(paths: list[Path]) -> tuple[list[Series], list[str]]:
+    """All GPUs' series from all files, and the problems met on the way (file:line: why)."""
+    series: dict[tuple[str, str], Series] = {}
+    problems: list[str] = []
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            problems.append(f"{path}: cannot read: {exc.strerror or exc}")
+            continue
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        reader = _read_jsonl if first.lstrip().startswith("{") else _read_csv
+        reader(path, text, series, problems)
+    for s in series.values():  # a log may be unsorted when files were concatenated
+        order = sorted(range(len(s.times)), key=s.times.__getitem__)
+        s.times = [s.times[i] for i in order]
+        s.used = [s.used[i] for i in order]
+    return [s for s in series.values() if s.times], problems
+
+
+def _read_csv(path: Path, text: str, series: dict[tuple[str, str], Series], problems: list[str]) -> None:
+    columns: list[str] | None = None
+    units: list[float | None] = []
+    for lineno, row in enumerate(csv.reader(text.splitlines(), skipinitialspace=True), 1):
+        if not row or not "".join(row).strip():
+            continue
+        if row[0].strip().lower().startswith("timestamp"):
+            columns, units = _header(row)
+            missing = {"timestamp", "index", "memory.used"} - set(columns)
+            if missing:
+                problems.append(f"{path}:{lineno}: header lacks {', '.join(sorted(missing))}; rows skipped until the next header")
+                columns = []
+            continue
+        names = columns if columns is not None else list(_QUERY_ORDER[: len(row)])
+        if not names:
+            continue
+        if len(row) != len(names):
+            problems.append(f"{path}:{lineno}: {len(row)} fields, expected {len(names)}: {','.join(row)[:80]!r}")
+            continue
+        try:
+            values = dict(zip(names, row))
+            t = _timestamp(values["timestamp"])
+            gpu = values["index"].strip()
+            unit = units[names.index("memory.used")] if units else None
+            used = _bytes(values["memory.used"], unit)
+            total = _bytes(values["memory.total"], units[names.index("memory.total")] if units else None) if "memory.total" in values else None
+        except (ValueError, KeyError) as exc:
+            problems.append(f"{path}:{lineno}: {exc}")
+            continue
+        s = series.setdefault((str(path), gpu), Series(gpu=gpu, source=str(path)))
+        s.times.append(t)
+        s.used.append(used)
+        if total is not None:
+            s.total = total
+
+
+def _header(row: list[str]) -> tuple[list[str], list[float | None]]:
+    names, units = [], []
+    for cell in row:
+        cell = cell.strip()
+        name, _, unit = cell.partition(" [")
+        names.append(name.strip().lower())
+        units.append(_UNITS.get(unit.rstrip("]").strip().lower()) if unit else None)
+    return names, units
+
+
+def _timestamp(text: str) -> float:
+    text = text.strip()
+    for fmt in ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S.%f"):
+        try:
+            return datetime.strptime(text, fmt).replace(tzinfo=timezone.utc).timestamp()
+        except ValueError:
+            continue
+    raise ValueError(f"timestamp {text[:40]!r} is not like 2024/05/01 12:34:56.789")
+
+
+def _bytes(text: str, header_unit: float | None) -> float:
+    """'12345 MiB' or '12345' (nounits: the header's unit, MiB when there is none)."""
+    text = text.strip()
+    number, _, unit = text.partition(" ")
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"memory value {text[:40]!r} is not a number") from None
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"memory value {text[:40]!r} is not a size")
+    scale = _UNITS.get(unit.strip().lower()) if unit else header_unit
+    if unit and scale is None:
+        raise ValueError(f"unknown unit {unit!r}")
+    return value * (scale or MiB)
+
+
+def _read_jsonl(path: Path, text: str, series: dict[tuple[str, str], Series], problems: list[str]) -> None:
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record: Any = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append(f"{path}:{lineno}: not JSON ({exc.msg})")
+            continue
+        if not isinstance(record, dict) or record.get("kind") != "sample":
+            kind = record.get("kind") if isinstance(record, dict) else type(record).__name__
+            problems.append(f"{path}:{lineno}: not a guardian sample record (kind={kind!r})")
+            continue
+        try:
+            wall = float(record["wall"])
+            gpus = record["nvml"]["gpus"]
+        except (KeyError, TypeError, ValueError):
+            problems.append(f"{path}:{lineno}: sample record without wall time or nvml.gpus")
+            continue
+        for gpu in gpus:
+            used = gpu.get("memory_used_bytes") if isinstance(gpu, dict) else None
+            if used is None:
+                continue  # unknown in that poll: a gap, not a zero
+            key = str(gpu.get("index"))
+            s = series.setdefault((str(path), key), Series(gpu=key, source=str(path)))
+            s.times.append(wall)
+            s.used.append(float(used))
+            if gpu.get("memory_total_bytes"):
+                s.total = float(gpu["memory_total_bytes"])
+
+
+# -- analysing ----------------------------------------------------------------------
+
+
+def analyze(series: list[Series], params: LeakParams) -> list[Verdict]:
+    verdicts = []
+    for s in series:
+        total = s.total or max(s.used)
+        det = LeakDetector(budget=total, capacity=s.total, params=params)
+        report = None
+        for t, value in zip(s.times, s.used):
+            report = det.update(t, value)
+        assert report is not None
+        verdicts.append(Verdict(s, report, len(s.times)))
+    return verdicts
+
+
+def render(verdicts: list[Verdict]) -> str:
+    out = []
+    for v in verdicts:
+        s, r = v.series, v.report
+        total = f", total {s.total / GiB:.1f} GiB" if s.total else ""
+        out.append(f"GPU {s.gpu} ({s.source}: {v.samples} samples, {_when(s.times[0])} → {_when(s.times[-1])}{total})")
+        held = r.held_steps
+        out.append(f"  steps held: {len(held)}")
+        for step in held:
+            out.append(f"    {_when(step.t)}  {step.size / GiB:+.2f} GiB")
+        given_back = len(r.steps) - len(held)
+        if given_back:
+            out.append(f"  steps given back (spikes, sawtooth, memory freed): {given_back}")
+        if r.level is not None:
+            of = f" of {s.total / GiB:.1f} GiB" if s.total else ""
+            out.append(f"  overhang {r.overhang / GiB:+.2f} GiB; level {r.level / GiB:.2f} GiB{of}")
+        if r.warming_up:
+            out.append("  verdict: too short to judge (still inside the warm-up window)")
+        elif r.leak:
+            out.append(f"  verdict: LEAK ({len(held)} steps held; confidence {r.confidence:.2f})")
+        else:
+            out.append(f"  verdict: no leak (confidence of a leak {r.confidence:.2f})")
+        if r.time_to_exhaustion is not None and held:
+            end = s.times[-1] + r.time_to_exhaustion
+            out.append(f"  projected exhaustion: in {r.time_to_exhaustion / 3600:.1f} h at the current step rate (around {_when(end)})")
+    return "\n".join(out)
+
+
+def to_json(verdicts: list[Verdict]) -> list[dict[str, Any]]:
+    return [
+        {
+            "gpu": v.series.gpu,
+            "source": v.series.source,
+            "samples": v.samples,
+            "leak": v.report.leak,
+            "confidence": v.report.confidence,
+            "overhang_bytes": v.report.overhang,
+            "time_to_exhaustion_seconds": v.report.time_to_exhaustion,
+            "steps": [
+                {"at": _when(s.t), "size_bytes": s.size, "given_back": s.given_back_at is not None} for s in v.report.steps
+            ],
+        }
+        for v in verdicts
+    ]
+
+
+def plot(verdicts: list[Verdict], out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InputError("--plot needs matplotlib: pip install 'vllm-guardian[plot]'") from None
+    fig, axes = plt.subplots(len(verdicts), 1, figsize=(11, 3.2 * len(verdicts)), squeeze=False)
+    for ax, v in zip(axes[:, 0], verdicts):
+        s = v.series
+        t0 = s.times[0]
+        hours = [(t - t0) / 3600 for t in s.times]
+        ax.plot(hours, [u / GiB for u in s.used], lw=0.8, color="#1f77b4", label="memory used")
+        if s.total:
+            ax.axhline(s.total / GiB, color="black", lw=0.8, ls=":", label="total")
+        # zoom on the steady part: a start-up ramp from zero would flatten the staircase
+        low = sorted(s.used)[len(s.used) // 50] / GiB
+        high = max(max(s.used), s.total or 0) / GiB
+        ax.set_ylim(max(0.0, low - 0.05 * (high - low) - 0.5), high + 0.05 * (high - low) + 0.5)
+        for step in v.report.steps:
+            held = step.given_back_at is None
+            ax.axvline((step.t - t0) / 3600, color="#d62728" if held else "#bbbbbb", lw=1.2 if held else 0.8,
+                       ls="-" if held else "--")  # fmt: skip
+        verdict = "LEAK" if v.report.leak else "no leak"
+        ax.set_title(f"GPU {s.gpu}: {len(v.report.held_steps)} steps held ({verdict}); red = step, grey = given back")
+        ax.set_xlabel(f"hours since {_when(t0)}")
+        ax.set_ylabel("GiB")
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")

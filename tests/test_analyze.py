@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from guardian.record import SampleRecorder
+from guardian.sample import GpuReading, NvmlReading, Sample
+from guardian.sim import traces
+
+GUARDIAN = [sys.executable, "-m", "guardian"]
+T0 = datetime(2026, 5, 1, 12, 0, 0, tzinfo=timezone.utc).timestamp()
+MIB = 2**20
+
+
+def _stamp(i: int) -> str:
+    return datetime.fromtimestamp(T0 + i, timezone.utc).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+
+
+def _smi(path: Path, gpus: dict[int, traces.Trace], header: bool, units: bool, util: bool) -> Path:
+    """A log exactly as nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total[,utilization.gpu] writes it."""
+    lines = []
+    if header:
+        lines.append("timestamp, index, memory.used [MiB], memory.total [MiB]" + (", utilization.gpu [%]" if util else ""))
+    length = len(next(iter(gpus.values())).values)
+    for i in range(length):
+        for index, trace in gpus.items():
+            used, total = int(trace.values[i] / MIB), int(trace.capacity / MIB)
+            row = f"{_stamp(i)}, {index}, {used} MiB, {total} MiB" if units else f"{_stamp(i)}, {index}, {used}, {total}"
+            if util:
+                row += ", 87 %" if units else ", 87"
+            lines.append(row)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _analyze(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*GUARDIAN, "analyze", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def leak_and_healthy() -> dict[int, traces.Trace]:
+    return {0: traces.staircase(3 * 3600, seed=3, step_ratio=0.01), 1: traces.flat(3 * 3600, seed=4)}
+
+
+@pytest.mark.parametrize(
+    ("header", "units", "util"),
+    [(True, True, False), (True, False, False), (False, True, False), (False, False, False), (True, True, True), (False, False, True)],
+    ids=["csv", "csv,nounits", "csv,noheader", "csv,noheader,nounits", "csv+util", "csv,noheader,nounits+util"],
+)
+def test_every_nvidia_smi_format_gives_the_same_verdict(
+    tmp_path: Path, leak_and_healthy: dict[int, traces.Trace], header: bool, units: bool, util: bool
+) -> None:
+    log = _smi(tmp_path / "smi.csv", leak_and_healthy, header, units, util)
+    result = _analyze(str(log), "--json")
+    assert result.returncode == 1, result.stderr  # a leak was found
+    gpu0, gpu1 = json.loads(result.stdout)
+    assert gpu0["gpu"] == "0" and gpu0["leak"] is True
+    assert gpu1["gpu"] == "1" and gpu1["leak"] is False and gpu1["steps"] == []
+    held = [s for s in gpu0["steps"] if not s["given_back"]]
+    expected = [datetime.fromtimestamp(T0 + t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S") for t, _ in leak_and_healthy[0].steps]
+    assert len(held) == len(expected)
+    for step, want in zip(held, expected):
+        got = datetime.strptime(step["at"], "%Y-%m-%d %H:%M:%S")
+        assert abs((got - datetime.strptime(want, "%Y-%m-%d %H:%M:%S")).total_seconds()) <= 10
+        assert step["size_bytes"] == pytest.approx(0.01 * leak_and_healthy[0].budget, rel=0.2)
+
+
+def test_text_verdict_names_steps_and_exhaustion(tmp_path: Path, leak_and_healthy: dict[int, traces.Trace]) -> None:
+    log = _smi(tmp_path / "smi.csv", {0: leak_and_healthy[0]}, True, True, False)
+    result = _analyze(str(log))
+    assert result.returncode == 1
+    assert "GPU 0 (" in result.stdout and f"steps held: {len(leak_and_healthy[0].steps)}" in result.stdout
+    assert "verdict: LEAK" in result.stdout and "projected exhaustion: in" in result.stdout
+    assert f"{datetime.fromtimestamp(T0 + leak_and_healthy[0].steps[0][0], timezone.utc):%Y-%m-%d %H:%M}" in result.stdout
+
+
+def test_healthy_log_exits_0_with_no_leak(tmp_path: Path) -> None:
+    log = _smi(tmp_path / "smi.csv", {0: traces.healthy_day(4 * 3600, seed=11)}, True, True, False)
+    result = _analyze(str(log))
+    assert result.returncode == 0, result.stdout
+    assert "verdict: no leak" in result.stdout
+
+
+def test_bad_rows_are_reported_with_line_numbers_and_skipped(tmp_path: Path) -> None:
+    good = _smi(tmp_path / "smi.csv", {0: traces.flat(1200, seed=1)}, True, True, False).read_text().splitlines()
+    good.insert(5, f"{_stamp(4)}, 0, [N/A], 81559 MiB")
+    good.insert(9, "not, a, row")
+    good.insert(12, "2026/13/45 99:99:99.000, 0, 1 MiB, 2 MiB")
+    good.insert(20, "timestamp, index, memory.used [MiB], memory.total [MiB]")  # a concatenated log's header
+    (tmp_path / "smi.csv").write_text("\n".join(good) + "\n")
+    result = _analyze(str(tmp_path / "smi.csv"))
+    assert result.returncode == 0, result.stderr
+    assert "smi.csv:6: memory value '[N/A]' is not a number" in result.stderr
+    assert "smi.csv:10: 3 fields, expected 4" in result.stderr
+    assert "smi.csv:13: timestamp" in result.stderr
+    assert "1200 samples" in result.stdout  # every good row, none of the bad ones
+
+
+def test_nothing_usable_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "x.csv").write_text("hello\nworld\n")
+    result = _analyze(str(tmp_path / "x.csv"), str(tmp_path / "missing.csv"))
+    assert result.returncode == 2
+    assert "missing.csv: cannot read" in result.stderr and "no usable memory readings" in result.stderr
+
+
+def test_guardian_record_files_are_analysed_too(tmp_path: Path) -> None:
+    trace = traces.staircase(2 * 3600, seed=5, step_ratio=0.02)
+    recorder = SampleRecorder(tmp_path / "samples.jsonl")
+    for i, value in enumerate(trace.values):
+        gpu = GpuReading(index=0, memory_used_bytes=int(value), memory_total_bytes=int(trace.capacity))
+        recorder.write(Sample(t=float(i), wall=T0 + i, nvml=NvmlReading(gpus=(gpu,)), engines=()))
+    recorder.close()
+    with (tmp_path / "samples.jsonl").open("a") as f:
+        f.write('{"kind": "decision"}\n{broken\n')
+    result = _analyze(str(tmp_path / "samples.jsonl"), "--json")
+    assert result.returncode == 1, result.stderr
+    (gpu,) = json.loads(result.stdout)
+    assert len([s for s in gpu["steps"] if not s["given_back"]]) == len(trace.steps)
+    assert "not a guardian sample record (kind='decision')" in result.stderr
+    assert "not JSON" in result.stderr
+
+
+def test_plot_writes_a_png(tmp_path: Path, leak_and_healthy: dict[int, traces.Trace]) -> None:
+    pytest.importorskip("matplotlib")
+    log = _smi(tmp_path / "smi.csv", leak_and_healthy, True, True, False)
+    result = _analyze(str(log), "--plot", str(tmp_path / "out.png"))
+    assert result.returncode == 1
+    assert (tmp_path / "out.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_record_files_rotate_and_stay_bounded(tmp_path: Path) -> None:
+    recorder = SampleRecorder(tmp_path / "s.jsonl", max_bytes=2000, backups=2)
+    for i in range(100):
+        recorder.write(Sample(t=float(i), wall=T0 + i, nvml=NvmlReading(gpus=(GpuReading(index=0),)), engines=()))
+    recorder.close()
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert set(files) <= {"s.jsonl", "s.jsonl.1", "s.jsonl.2"} and "s.jsonl.2" in files  # never more than 2 old files
+    assert all((tmp_path / f).stat().st_size <= 2300 for f in files)
+    newest = tmp_path / ("s.jsonl" if "s.jsonl" in files else "s.jsonl.1")
+    last = json.loads(newest.read_text().splitlines()[-1])
+    assert last["kind"] == "sample" and last["t"] == 99.0
