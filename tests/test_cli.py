@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from collections.abc import Iterator
 
@@ -131,3 +133,29 @@ def _value(text: str, series: str) -> float:
         if line.startswith(series + " "):
             return float(line.split()[-1])
     raise AssertionError(f"{series} not in the page")
+
+
+def test_demo_staircase_leak_is_reported_at_the_injected_times() -> None:
+    from guardian.sim.scenarios import STAIRCASE_STEPS
+
+    port = free_port()
+    proc = subprocess.run(
+        [*GUARDIAN, "demo", "--scenario", "staircase-leak", "--interval", "0.5", "--duration", "64", "--port", str(port)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    started = re.search(r"^(\S+Z) \[info\s*\] guardian_started", out, re.M)
+    assert started, out
+    t0 = datetime.fromisoformat(started.group(1).replace("Z", "+00:00"))
+    steps = [
+        datetime.fromisoformat(m.group(1).replace("Z", "+00:00"))
+        for m in re.finditer(r"leak_step_detected\s+at=(\S+Z).*series=engine/sim0/gpu", out)
+    ]
+    assert len(steps) == 2, out  # the steps at 10 s and 40 s; the one at 70 s comes after the run
+    for found, injected in zip(steps, STAIRCASE_STEPS):
+        assert abs((found - t0).total_seconds() - injected) <= 3
+    assert "leak_suspected" in out and "LEAK SUSPECTED" in out
+    assert out.count("leak_step_detected") == 4  # two steps, each on gpu/0/used and engine/sim0/gpu: the spike is not one

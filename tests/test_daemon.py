@@ -16,6 +16,8 @@ import aiohttp
 import pytest
 
 from guardian import config as cfg
+from guardian import exporter, logs
+from guardian.analysis.leak import LeakParams
 from guardian.daemon import Daemon
 from guardian.sdnotify import Notifier
 from guardian.sim import scenarios
@@ -254,3 +256,33 @@ def _events_until(proc: subprocess.Popen[str], event: str, timeout: float = 15) 
         if record.get("event") == event:
             return seen
     raise AssertionError(f"no {event!r} event; saw {[e.get('event') for e in seen]}")
+
+
+async def test_a_leak_step_is_found_exported_and_logged(cluster: SimCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure("json", "info")
+    config = _config(cluster).model_copy(update={"leak": LeakParams(warmup_seconds=0.5, regret_seconds=0.1, leak_steps=1)})
+    daemon = await _daemon(config, cluster)
+    gpu = cluster.gpus[0]
+    try:
+        for i in range(60):
+            if i == 15:
+                gpu.overhang_bytes += int(0.02 * gpu.total_bytes)
+            snap = await daemon.poll_once()
+            await asyncio.sleep(0.02)
+        text = daemon.metrics.render().decode()
+        status = exporter.status(snap, 0, 1)
+    finally:
+        await daemon.close()
+    report = snap.memory.leaks["engine/sim0/gpu"]
+    assert len(report.held_steps) == 1 and report.leak
+    assert report.held_steps[0].size == pytest.approx(0.02 * gpu.total_bytes, rel=0.01)
+    assert 'guardian_leak_steps_total{series="engine/sim0/gpu"} 1.0' in text
+    assert 'guardian_leak_suspected{series="gpu/0/used"} 1.0' in text
+    assert 'guardian_memory_overhang_bytes{series="engine/sim0/gpu"}' in text
+    assert 'guardian_fragmentation_ratio{engine="sim0"}' in text
+    assert 'guardian_kv_internal_fragmentation_ratio{engine="sim0"}' in text
+    assert status["memory"]["engine/sim0/gpu"]["leak_suspected"] is True
+    events = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    step = next(e for e in events if e["event"] == "leak_step_detected" and e["series"] == "engine/sim0/gpu")
+    assert step["size_bytes"] == pytest.approx(0.02 * gpu.total_bytes, rel=0.01)
+    assert any(e["event"] == "leak_suspected" for e in events)

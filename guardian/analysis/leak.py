@@ -268,22 +268,22 @@ class LeakDetector:
 
     def _report(self, t: float, new: tuple[Step, ...] = (), given_back: tuple[Step, ...] = (), warming_up: bool = False) -> LeakReport:
         p = self.p
-        held = [s for s in self._steps if s.given_back_at is None]
+        held = [s for s in self._steps if s.given_back_at is None and t - s.t <= p.leak_window_seconds]
         # a step counts towards a leak once it has outlived the regret window: until then it
         # may still be a long spike, and three spikes at once are not a leak
-        recent = [s for s in held if t - s.t <= p.leak_window_seconds and t - s.found_at >= p.regret_seconds]
+        settled = [s for s in held if t - s.found_at >= p.regret_seconds]
         floor_rise = overhang = 0.0
         if self._base is not None and self._level is not None and self._floor:
             # the floor (lowest level over floor_seconds) also sees a slow creep that has no steps
             floor_rise = max(0.0, self._floor[0][1] - self._base)
             overhang = max(floor_rise, self._level - self._base)
         rise_needed = p.leak_rise_ratio * self.budget
-        leak = len(recent) >= p.leak_steps or floor_rise >= rise_needed
-        confidence = min(1.0, max(len(recent) / p.leak_steps, floor_rise / rise_needed))
+        leak = len(settled) >= p.leak_steps or floor_rise >= rise_needed
+        confidence = min(1.0, max(len(settled) / p.leak_steps, floor_rise / rise_needed))
         slope = 0.0
-        if recent:
-            span = t - recent[0].t
-            slope = sum(s.size for s in recent) / span if span > 0 else 0.0
+        if held:
+            span = t - held[0].t
+            slope = sum(s.size for s in held) / span if span > 0 else 0.0
         tte = None
         if slope > 0 and self.capacity is not None and self._level is not None:
             tte = max(0.0, (self.capacity - self._level) / slope)
