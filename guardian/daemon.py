@@ -374,7 +374,7 @@ class Daemon:
         for series, report in memory.leaks.items():
             for step in report.new_steps:
                 self.metrics.leak_steps.labels(series).inc()
-                log.warning(
+                log.info(
                     "leak_step_detected",
                     series=series,
                     at=_wall(sample, step.t),
@@ -397,7 +397,7 @@ class Daemon:
             was = self._leaking.get(series, False)
             if report.leak != was:
                 self._leaking[series] = report.leak
-                (log.error if report.leak else log.info)(
+                (log.warning if report.leak else log.info)(
                     "leak_suspected" if report.leak else "leak_cleared",
                     series=series,
                     held_steps=len(report.held_steps),

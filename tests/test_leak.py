@@ -111,3 +111,16 @@ def test_noisier_series_raise_the_step_threshold() -> None:
     noisy = [50 * GiB + rng.gauss(0, 0.5 * GiB) for _ in range(4000)]
     _, reports = _run(noisy, budget=budget, params=LeakParams(warmup_seconds=60))
     assert reports[-1].held_steps == ()
+
+
+def test_a_restart_gives_the_old_processes_steps_back() -> None:
+    budget = 100 * GiB
+    params = LeakParams(warmup_seconds=60, regret_seconds=30, leak_steps=2)
+    det = LeakDetector(budget, params=params)
+    values = [50 * GiB] * 300 + [51 * GiB] * 300 + [52 * GiB] * 300
+    reports = [det.update(float(t), v) for t, v in enumerate(values)]
+    assert reports[-1].leak and len(reports[-1].held_steps) == 2
+    det.restart(900.0)
+    after = det.update(901.0, 50 * GiB)
+    assert not after.leak and after.held_steps == ()
+    assert len(after.given_back) == 2 and after.warming_up

@@ -114,10 +114,18 @@ class LeakDetector:
         self._candidate: _Candidate | None = None
         self._below = 0  # readings in a row under the level (memory given back)
         self._steps: list[Step] = []
+        self._freed: list[Step] = []  # given back by a restart, not yet reported
         self._history_limit = 1000
 
     def restart(self, t: float) -> None:
-        """The process restarted (told by the process source): start over with a warm-up."""
+        """The process restarted (told by the process source): start over with a warm-up.
+
+        A restart frees whatever the old process leaked: its held steps are given back.
+        """
+        for i, step in enumerate(self._steps):
+            if step.given_back_at is None:
+                self._steps[i] = replace(step, given_back_at=t)
+                self._freed.append(self._steps[i])
         self._recent.clear()
         self._floor.clear()
         self._warm_until = t + self.p.warmup_seconds
@@ -266,8 +274,12 @@ class LeakDetector:
         self._k_cache = (self._updates, k)
         return k
 
-    def _report(self, t: float, new: tuple[Step, ...] = (), given_back: tuple[Step, ...] = (), warming_up: bool = False) -> LeakReport:
+    def _report(
+        self, t: float, new: tuple[Step, ...] = (), given_back: tuple[Step, ...] = (), warming_up: bool = False
+    ) -> LeakReport:
         p = self.p
+        if self._freed:
+            given_back, self._freed = (*self._freed, *given_back), []
         held = [s for s in self._steps if s.given_back_at is None and t - s.t <= p.leak_window_seconds]
         # a step counts towards a leak once it has outlived the regret window: until then it
         # may still be a long spike, and three spikes at once are not a leak
