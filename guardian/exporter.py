@@ -160,6 +160,7 @@ def _engine_metrics(snap: Snapshot) -> list[Metric]:
     procs = _gauge("guardian_engine_processes", "Live processes in the engine's tree.", e)
     rss = _gauge("guardian_engine_resident_memory_bytes", "Host RSS of the engine's process tree.", e)
     gpu_mem = _gauge("guardian_engine_gpu_memory_used_bytes", "NVML memory used by the engine's processes.", e)
+    cpu = CounterMetricFamily("guardian_engine_cpu_seconds", "CPU time of the engine's live processes.", labels=e)
     for reading in snap.sample.engines:
         name = reading.name
         sig = snap.engines.get(name)
@@ -193,8 +194,9 @@ def _engine_metrics(snap: Snapshot) -> list[Metric]:
         _put(procs, lab, sig.processes_alive)
         _put(rss, lab, sig.rss_bytes)
         _put(gpu_mem, lab, sig.gpu_memory_bytes)
+        _put(cpu, lab, sig.cpu_seconds)
     return [up, healthy, lost, fails, scrape, kv, running, waiting, block, blocks, *latency.values(), observed,
-            prompt, gen, reqs, preempt, spec, restarts, procs, rss, gpu_mem]  # fmt: skip
+            prompt, gen, reqs, preempt, spec, restarts, procs, rss, gpu_mem, cpu]  # fmt: skip
 
 
 def _memory_metrics(snap: Snapshot) -> list[Metric]:

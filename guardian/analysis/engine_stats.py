@@ -52,6 +52,7 @@ class EngineSignals:
     processes_alive: int | None = None
     rss_bytes: int | None = None
     gpu_memory_bytes: int | None = None  # NVML memory of the engine's processes, all GPUs
+    cpu_seconds: float | None = None  # CPU time of the live processes of the tree
 
 
 class EngineTracker:
@@ -81,6 +82,7 @@ class EngineTracker:
             processes_alive=len(alive) if alive is not None else None,
             rss_bytes=sum(p.rss_bytes for p in alive if p.rss_bytes is not None) if alive else None,
             gpu_memory_bytes=_gpu_memory(alive, gpu_memory_by_pid),
+            cpu_seconds=_sum(p.cpu_seconds for p in alive) if alive else None,
         )
         if not reading.up or not reading.cores:
             return EngineSignals(**base)  # type: ignore[arg-type]

@@ -82,6 +82,7 @@ class SimServer:
             r.add_post("/wake_up", self._wake_up)
             r.add_get("/is_sleeping", self._is_sleeping)
             r.add_get("/server_info", self._server_info)
+            r.add_post("/release_kv_cache_memory", self._release_kv_cache_memory)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
@@ -320,6 +321,12 @@ class SimServer:
     async def _wake_up(self, _: web.Request) -> web.Response:
         self.engine.wake_up()
         return web.Response(status=200)
+
+    async def _release_kv_cache_memory(self, _: web.Request) -> web.Response:
+        if self.engine.running or self.engine.waiting:
+            return _error(400, "Cannot release KV cache memory while requests are in flight.", "BadRequestError")
+        self.engine.sleep(2)  # the pool is dropped as by sleep level 2; /wake_up brings it back
+        return web.json_response({"success": True})
 
     async def _server_info(self, _: web.Request) -> web.Response:
         p = self.engine.params
