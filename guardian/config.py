@@ -17,6 +17,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from guardian.analysis.leak import LeakParams
+from guardian.policy.breaker import BreakerParams
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -188,32 +189,10 @@ class PresetSection(_Model):
         return self
 
 
-class BreakerSection(_Model):
-    """Thresholds of the three-level breaker (enter above, leave below: the gap is the hysteresis)."""
-
-    l1_enter_fragmentation_ratio: float = Field(0.35, gt=0, lt=1)
-    l1_exit_fragmentation_ratio: float = Field(0.30, gt=0, lt=1)
-    l2_enter_kv_usage_ratio: float = Field(0.90, gt=0, le=1)
-    l2_exit_kv_usage_ratio: float = Field(0.85, gt=0, le=1)
-    l3_free_reserve_ratio: float = Field(0.10, gt=0, lt=1)
-
-    @model_validator(mode="after")
-    def _hysteresis(self) -> BreakerSection:
-        for level, what in (("l1", "fragmentation_ratio"), ("l2", "kv_usage_ratio")):
-            enter = getattr(self, f"{level}_enter_{what}")
-            leave = getattr(self, f"{level}_exit_{what}")
-            if leave >= enter:
-                raise Problem(
-                    f"{level}_exit_{what} ({leave}) is not below {level}_enter_{what} ({enter}): "
-                    "the level would flap on every poll",
-                    f"set {level}_exit_{what} below {enter}, e.g. {round(enter - 0.05, 2)}",
-                )
-        return self
-
-
-# The leak detector's parameters are its own dataclass (the pure core knows no
-# pydantic); as a config section it is validated like the others.
+# The leak detector's and the breaker's parameters are their own dataclasses (the
+# pure core knows no pydantic); as config sections they are validated like the others.
 LeakParams.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]
+BreakerParams.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]
 
 
 class FragmentationSection(_Model):
@@ -226,17 +205,41 @@ class Config(_Model):
     gpus: GpuSection = GpuSection()
     engines: list[EngineSection] = []
     presets: dict[str, PresetSection] = {}
-    breaker: BreakerSection = BreakerSection()
+    breaker: BreakerParams = BreakerParams()
     leak: LeakParams = LeakParams()
     fragmentation: FragmentationSection = FragmentationSection()
+
+    @field_validator("breaker")
+    @classmethod
+    def _breaker(cls, params: BreakerParams) -> BreakerParams:
+        _positive("breaker", params)
+        for f in dataclasses.fields(params):
+            if f.name.endswith("_ratio") and getattr(params, f.name) >= 1:
+                raise Problem(f"breaker.{f.name} = {getattr(params, f.name)} is not below 1", "ratios are fractions: 0.35 is 35%")
+        pairs = [
+            ("l1_exit_fragmentation_ratio", "l1_enter_fragmentation_ratio"),
+            ("l2_exit_kv_usage_ratio", "l2_enter_kv_usage_ratio"),
+            ("l3_calm_preemptions_per_second", "l3_storm_preemptions_per_second"),
+        ]
+        for leave, enter in pairs:
+            if getattr(params, leave) >= getattr(params, enter):
+                raise Problem(
+                    f"{leave} ({getattr(params, leave)}) is not below {enter} ({getattr(params, enter)}): "
+                    "the level would flap on every poll",
+                    f"set {leave} below {getattr(params, enter)}, e.g. {round(getattr(params, enter) * 0.85, 2)}",
+                )
+        if params.l3_exit_free_ratio <= params.l3_free_reserve_ratio:
+            raise Problem(
+                f"l3_exit_free_ratio ({params.l3_exit_free_ratio}) is not above l3_free_reserve_ratio "
+                f"({params.l3_free_reserve_ratio}): L3 would be left as soon as it is entered",
+                f"set l3_exit_free_ratio above {params.l3_free_reserve_ratio}, e.g. {params.l3_free_reserve_ratio + 0.05:.2f}",
+            )
+        return params
 
     @field_validator("leak")
     @classmethod
     def _leak(cls, params: LeakParams) -> LeakParams:
-        for f in dataclasses.fields(params):
-            value = getattr(params, f.name)
-            if value <= 0:
-                raise Problem(f"leak.{f.name} = {value} must be above 0", f"use the default, {f.default}")
+        _positive("leak", params)
         if params.min_step_ratio >= params.leak_rise_ratio:
             raise Problem(
                 f"leak.min_step_ratio ({params.min_step_ratio}) is not below leak.leak_rise_ratio "
@@ -274,6 +277,13 @@ class Config(_Model):
         if not _loopback_host(host):
             notes.append(f"guardian.listen: {self.guardian.listen} is reachable from other hosts")
         return notes
+
+
+def _positive(section: str, params: object) -> None:
+    for f in dataclasses.fields(params):  # type: ignore[arg-type]
+        value = getattr(params, f.name)
+        if value <= 0:
+            raise Problem(f"{section}.{f.name} = {value} must be above 0", f"use the default, {f.default}")
 
 
 def check_gpu_id(item: int | str) -> None:

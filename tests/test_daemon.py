@@ -18,6 +18,9 @@ import pytest
 from guardian import config as cfg
 from guardian import exporter, logs
 from guardian.analysis.leak import LeakParams
+from guardian.policy import breaker
+from guardian.policy.breaker import BreakerParams
+from guardian.policy.evidence import EvidenceMemory, evidence
 from guardian.daemon import Daemon
 from guardian.sdnotify import Notifier
 from guardian.sim import scenarios
@@ -286,3 +289,26 @@ async def test_a_leak_step_is_found_exported_and_logged(cluster: SimCluster, cap
     step = next(e for e in events if e["event"] == "leak_step_detected" and e["series"] == "engine/sim0/gpu")
     assert step["size_bytes"] == pytest.approx(0.02 * gpu.total_bytes, rel=0.01)
     assert any(e["event"] == "leak_suspected" for e in events)
+
+
+async def test_breaker_evidence_from_real_readings(cluster: SimCluster) -> None:
+    """The breaker is not wired into the loop yet; its evidence is computed from a real poll here."""
+    daemon = await _daemon(_config(cluster), cluster)
+    gpu = cluster.gpus[0]
+    past = EvidenceMemory()
+    try:
+        calm = await daemon.poll_once()
+        e_calm = evidence("sim0", calm.sample, calm.engines["sim0"], calm.memory, past, 0.10)
+        gpu.overhang_bytes = int(0.05 * gpu.total_bytes)
+        full = await daemon.poll_once()
+        e_full = evidence("sim0", full.sample, full.engines["sim0"], full.memory, past, 0.10)
+    finally:
+        await daemon.close()
+    # vLLM's 92% budget leaves 1 - 0.92 - 0.6% driver reserve free
+    assert e_calm.free_ratio == pytest.approx(0.074, abs=0.002)
+    assert e_calm.over_budget_ratio == pytest.approx(0.0, abs=0.001)
+    assert e_calm.health_failures == 0 and e_calm.oom is None  # no earlier poll to compare with
+    assert e_full.over_budget_ratio == pytest.approx(0.05, abs=0.001)
+    assert e_full.free_ratio == pytest.approx(0.024, abs=0.002) and e_full.oom is False
+    state, transition = breaker.step(breaker.BreakerState(), e_full, 0.0, BreakerParams(l3_sustain_seconds=0))
+    assert state.level == breaker.Level.L3 and transition.rule == "free_reserve"

@@ -24,6 +24,14 @@ from guardian.sample import EngineReading, Sample
 class MemoryReport:
     leaks: dict[str, LeakReport]  # by series
     fragmentation: dict[str, Fragmentation]  # by engine
+    placement: dict[str, EnginePlacement]  # by engine: where it lives and what it may hold
+
+
+@dataclass(frozen=True)
+class EnginePlacement:
+    gpus: tuple[int, ...]  # the GPUs its processes hold memory on
+    capacity_bytes: float  # their memory together
+    budget_bytes: float  # vLLM's share of it: gpu_memory_utilization x capacity
 
 
 class MemoryWatch:
@@ -45,6 +53,7 @@ class MemoryWatch:
                 det = self._detector(series, gpu.memory_total_bytes, gpu.memory_total_bytes)
                 leaks[series] = det.update(t, gpu.memory_used_bytes)
         frags: dict[str, Fragmentation] = {}
+        placement: dict[str, EnginePlacement] = {}
         for reading in sample.engines:
             sig = engines.get(reading.name)
             if sig is None:
@@ -55,8 +64,12 @@ class MemoryWatch:
             gpus_of_engine = {g.index for g in sample.nvml.gpus for p in g.processes or () if p.pid in pids}
             capacity = sum(totals[i] or 0 for i in gpus_of_engine) or None
             gpu_series = f"engine/{reading.name}/gpu"
+            if capacity:
+                placement[reading.name] = EnginePlacement(
+                    tuple(sorted(gpus_of_engine)), capacity, self._budget(reading, capacity)
+                )
             if sig.gpu_memory_bytes is not None and capacity:
-                budget = self._budget(reading, capacity)
+                budget = placement[reading.name].budget_bytes
                 det = self._detector(gpu_series, budget, capacity)
                 if restarted:
                     det.restart(t)
@@ -70,7 +83,7 @@ class MemoryWatch:
                     det.restart(t)
                 leaks[rss_series] = det.update(t, sig.rss_bytes)
             frags[reading.name] = self._fragmentation(reading, sig, leaks.get(gpu_series), gpu_series)
-        return MemoryReport(leaks, frags)
+        return MemoryReport(leaks, frags, placement)
 
     def _detector(self, series: str, budget: float, capacity: float) -> LeakDetector:
         det = self._detectors.get(series)

@@ -1,0 +1,192 @@
+"""The three-level breaker: one pure state machine per engine.
+
+Levels: L0 normal; L1 fragmentation (refuse long contexts, free cached KV);
+L2 memory pressure (pause batch work, degrade); L3 emergency (admit only
+high priority, keep the reserve, restart a wedged engine, page).
+
+Rules, each with an enter threshold, a lower stay threshold (hysteresis) and
+a time the evidence must be sustained before it counts:
+
+| level | enters when | stays while |
+| --- | --- | --- |
+| L1 | fragmentation_ratio > l1_enter | fragmentation_ratio >= l1_exit |
+| L2 | kv_usage > l2_enter, or the engine's memory past its budget + margin | kv_usage >= l2_exit, or still past the budget |
+| L3 | NVML free < the reserve, engine dead, OOM, preemption storm | free < l3_exit_free, dead, storm above the calm rate |
+
+- Escalation goes straight to the highest level whose evidence is
+  sustained; an OOM is hard evidence and needs no sustain.
+- De-escalation is one level at a time, after the current level's stay
+  conditions have all been clear for that level's exit hold.
+- Unknown data never escalates and never de-escalates: a reading that is
+  None neither starts nor sustains evidence, and a stay condition that
+  cannot be evaluated is not clear. Lost telemetry is its own alert.
+- ``force`` pins a level until ``clear``; every change is one ``Transition``
+  with the rule and the numbers behind it.
+
+Pure: ``step(state, evidence, t)`` returns the new state and the transition,
+if any. No clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import IntEnum
+
+
+class Level(IntEnum):
+    L0 = 0
+    L1 = 1
+    L2 = 2
+    L3 = 3
+
+
+@dataclass(frozen=True)
+class BreakerParams:
+    l1_enter_fragmentation_ratio: float = 0.35
+    l1_exit_fragmentation_ratio: float = 0.30
+    l2_enter_kv_usage_ratio: float = 0.90
+    l2_exit_kv_usage_ratio: float = 0.85
+    l2_budget_margin_ratio: float = 0.02  # of the engine's GPU memory, above vLLM's budget
+    l3_free_reserve_ratio: float = 0.10
+    l3_exit_free_ratio: float = 0.15
+    l3_storm_preemptions_per_second: float = 2.0
+    l3_calm_preemptions_per_second: float = 0.5
+    l3_dead_after_polls: int = 3  # /health failing this many polls in a row is a dead engine
+    l1_sustain_seconds: float = 10.0
+    l2_sustain_seconds: float = 30.0
+    l3_sustain_seconds: float = 5.0
+    l1_exit_hold_seconds: float = 60.0
+    l2_exit_hold_seconds: float = 120.0
+    l3_exit_hold_seconds: float = 300.0
+
+    def sustain(self, level: Level) -> float:
+        return float(getattr(self, f"l{int(level)}_sustain_seconds"))
+
+    def exit_hold(self, level: Level) -> float:
+        return float(getattr(self, f"l{int(level)}_exit_hold_seconds"))
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One engine's readings at one poll; None means unknown."""
+
+    fragmentation_ratio: float | None = None
+    kv_usage: float | None = None
+    over_budget_ratio: float | None = None  # (engine memory - budget) / engine capacity
+    free_ratio: float | None = None  # lowest NVML free / total over the engine's GPUs
+    health_failures: int | None = None  # /health failures in a row
+    oom: bool | None = None  # the engine died with its GPU memory exhausted
+    preemptions_per_second: float | None = None
+    telemetry_lost: bool = False
+
+
+@dataclass(frozen=True)
+class Transition:
+    t: float
+    source: Level
+    target: Level
+    rule: str
+    numbers: dict[str, float | int | None]
+    forced: bool = False
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    level: Level = Level.L0
+    since: float | None = None  # when the current level was entered
+    pending: dict[str, float] = field(default_factory=dict)  # rule -> since when its evidence holds
+    clear_since: float | None = None  # since when the current level's stay conditions are all clear
+    forced: bool = False
+
+
+def _enter_rules(e: Evidence, p: BreakerParams) -> dict[str, tuple[Level, bool | None]]:
+    """Each rule's level and whether its enter condition holds (None: cannot tell)."""
+
+    def above(value: float | None, limit: float) -> bool | None:
+        return None if value is None else value > limit
+
+    def below(value: float | None, limit: float) -> bool | None:
+        return None if value is None else value < limit
+
+    dead = None if e.health_failures is None else e.health_failures >= p.l3_dead_after_polls
+    return {
+        "fragmentation": (Level.L1, above(e.fragmentation_ratio, p.l1_enter_fragmentation_ratio)),
+        "kv_usage": (Level.L2, above(e.kv_usage, p.l2_enter_kv_usage_ratio)),
+        "over_budget": (Level.L2, above(e.over_budget_ratio, p.l2_budget_margin_ratio)),
+        "free_reserve": (Level.L3, below(e.free_ratio, p.l3_free_reserve_ratio)),
+        "engine_dead": (Level.L3, dead),
+        "oom": (Level.L3, e.oom),
+        "preemption_storm": (Level.L3, above(e.preemptions_per_second, p.l3_storm_preemptions_per_second)),
+    }
+
+
+def _stays(level: Level, e: Evidence, p: BreakerParams) -> bool | None:
+    """Whether the level's stay conditions still hold; None when they cannot be evaluated."""
+    if level == Level.L1:
+        checks = [None if e.fragmentation_ratio is None else e.fragmentation_ratio >= p.l1_exit_fragmentation_ratio]
+    elif level == Level.L2:
+        checks = [
+            None if e.kv_usage is None else e.kv_usage >= p.l2_exit_kv_usage_ratio,
+            None if e.over_budget_ratio is None else e.over_budget_ratio > p.l2_budget_margin_ratio,
+        ]
+    elif level == Level.L3:
+        checks = [
+            None if e.free_ratio is None else e.free_ratio < p.l3_exit_free_ratio,
+            None if e.health_failures is None else e.health_failures > 0,
+            None if e.preemptions_per_second is None else e.preemptions_per_second > p.l3_calm_preemptions_per_second,
+        ]
+    else:
+        return False
+    if any(c is True for c in checks):
+        return True
+    return None if any(c is None for c in checks) else False
+
+
+def _numbers(e: Evidence) -> dict[str, float | int | None]:
+    return {
+        "fragmentation_ratio": e.fragmentation_ratio,
+        "kv_usage": e.kv_usage,
+        "over_budget_ratio": e.over_budget_ratio,
+        "free_ratio": e.free_ratio,
+        "health_failures": e.health_failures,
+        "preemptions_per_second": e.preemptions_per_second,
+    }
+
+
+def step(state: BreakerState, e: Evidence, t: float, p: BreakerParams) -> tuple[BreakerState, Transition | None]:
+    if state.since is None:
+        state = replace(state, since=t)
+    if state.forced or e.telemetry_lost:
+        return replace(state, pending={}, clear_since=None), None  # pinned, or blind: hold the level
+    rules = _enter_rules(e, p)
+    pending = {name: state.pending.get(name, t) for name, (_, holds) in rules.items() if holds}
+    sustained = [
+        (level, name)
+        for name, (level, _) in rules.items()
+        if name in pending and (name == "oom" or t - pending[name] >= p.sustain(level))
+    ]
+    target, rule = max(sustained, default=(Level.L0, ""))
+    if target > state.level:
+        transition = Transition(t, state.level, target, rule, _numbers(e))
+        return BreakerState(level=target, since=t, pending=pending), transition
+    stays = _stays(state.level, e, p)
+    if state.level == Level.L0 or stays is not False:
+        return replace(state, pending=pending, clear_since=None), None
+    clear_since = state.clear_since if state.clear_since is not None else t
+    if t - clear_since >= p.exit_hold(state.level) and t - state.since >= p.exit_hold(state.level):
+        lower = Level(state.level - 1)
+        transition = Transition(t, state.level, lower, "recovered", _numbers(e))
+        return BreakerState(level=lower, since=t, pending=pending), transition
+    return replace(state, pending=pending, clear_since=clear_since), None
+
+
+def force(state: BreakerState, level: Level, t: float, who: str) -> tuple[BreakerState, Transition]:
+    """Pin ``level`` until ``clear``: an operator's decision wins over the rules."""
+    transition = Transition(t, state.level, level, f"forced by {who}", {}, forced=True)
+    return BreakerState(level=level, since=t, forced=True), transition
+
+
+def clear(state: BreakerState, t: float, who: str) -> tuple[BreakerState, Transition]:
+    """Release a forced level: back to L0, and the rules decide again from fresh evidence."""
+    transition = Transition(t, state.level, Level.L0, f"cleared by {who}", {}, forced=True)
+    return BreakerState(level=Level.L0, since=t), transition

@@ -1,0 +1,183 @@
+"""The breaker on a fake clock: every rule, every hysteresis edge, the holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from guardian.policy.breaker import BreakerParams, BreakerState, Evidence, Level, Transition, clear, force, step
+
+P = BreakerParams()
+CALM = Evidence(fragmentation_ratio=0.1, kv_usage=0.5, over_budget_ratio=0.0, free_ratio=0.3, health_failures=0,
+                oom=False, preemptions_per_second=0.0)  # fmt: skip
+
+
+def run(timeline: list[tuple[float, Evidence]], state: BreakerState | None = None, dt: float = 1.0):  # type: ignore[no-untyped-def]
+    """Feed each evidence for its duration, one poll per dt; returns the final state and transitions."""
+    state = state or BreakerState()
+    t = 0.0
+    transitions: list[Transition] = []
+    for duration, evidence in timeline:
+        end = t + duration
+        while t < end:
+            state, transition = step(state, evidence, t, P)
+            if transition:
+                transitions.append(transition)
+            t += dt
+    return state, transitions
+
+
+def ev(**changes: object) -> Evidence:
+    return Evidence(**{**CALM.__dict__, **changes})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "evidence", "sustain", "level", "rule"),
+    [
+        ("fragmentation", ev(fragmentation_ratio=0.36), P.l1_sustain_seconds, Level.L1, "fragmentation"),
+        ("kv usage skips L1", ev(kv_usage=0.95), P.l2_sustain_seconds, Level.L2, "kv_usage"),
+        ("past the budget", ev(over_budget_ratio=0.05), P.l2_sustain_seconds, Level.L2, "over_budget"),
+        ("free below reserve", ev(free_ratio=0.05), P.l3_sustain_seconds, Level.L3, "free_reserve"),
+        ("dead engine", ev(health_failures=3), P.l3_sustain_seconds, Level.L3, "engine_dead"),
+        ("preemption storm", ev(preemptions_per_second=5.0), P.l3_sustain_seconds, Level.L3, "preemption_storm"),
+    ],
+)
+def test_each_rule_enters_its_level_only_after_its_sustain(name, evidence, sustain, level, rule) -> None:  # type: ignore[no-untyped-def]
+    state, transitions = run([(sustain, evidence)])  # polls at 0 .. sustain-1: not yet
+    assert state.level == Level.L0 and transitions == []
+    state, transitions = run([(sustain + 1, evidence)])
+    (transition,) = transitions
+    assert (transition.source, transition.target, transition.rule) == (Level.L0, level, rule)
+    assert transition.t == sustain
+
+
+def test_oom_is_hard_evidence_and_skips_to_l3_at_once() -> None:
+    state, (transition,) = run([(1, ev(oom=True))])
+    assert state.level == Level.L3 and transition.rule == "oom" and transition.t == 0
+
+
+def test_transition_carries_the_numbers_behind_it() -> None:
+    _, (transition,) = run([(11, ev(fragmentation_ratio=0.4))])
+    assert transition.numbers["fragmentation_ratio"] == 0.4 and transition.numbers["kv_usage"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("value", "stays"),
+    [(0.34, True), (0.30, True), (0.299, False)],
+    ids=["below enter, above exit", "exactly exit", "below exit"],
+)
+def test_l1_hysteresis_edges(value: float, stays: bool) -> None:
+    state, _ = run([(11, ev(fragmentation_ratio=0.4)), (P.l1_exit_hold_seconds + 5, ev(fragmentation_ratio=value))])
+    assert state.level == (Level.L1 if stays else Level.L0)
+
+
+def test_exit_needs_the_whole_hold_clear() -> None:
+    entered = [(11, ev(fragmentation_ratio=0.4))]
+    almost = entered + [(P.l1_exit_hold_seconds - 1, ev(fragmentation_ratio=0.2)), (1, ev(fragmentation_ratio=0.31))]
+    state, _ = run(almost + [(P.l1_exit_hold_seconds - 1, ev(fragmentation_ratio=0.2))])
+    assert state.level == Level.L1  # the clear timer started over at the 0.31 reading
+    state, transitions = run(almost + [(P.l1_exit_hold_seconds + 1, ev(fragmentation_ratio=0.2))])
+    assert state.level == Level.L0 and transitions[-1].rule == "recovered"
+
+
+def test_de_escalation_is_one_level_per_hold() -> None:
+    timeline = [(1, ev(oom=True)), (2000, CALM)]
+    state, transitions = run(timeline)
+    assert [(x.source, x.target) for x in transitions] == [
+        (Level.L0, Level.L3), (Level.L3, Level.L2), (Level.L2, Level.L1), (Level.L1, Level.L0)
+    ]  # fmt: skip
+    gaps = [b.t - a.t for a, b in zip(transitions, transitions[1:])]
+    assert gaps[0] >= P.l3_exit_hold_seconds and gaps[1] >= P.l2_exit_hold_seconds and gaps[2] >= P.l1_exit_hold_seconds
+
+
+def test_l2_stays_while_kv_is_above_its_exit_threshold() -> None:
+    state, _ = run([(31, ev(kv_usage=0.95)), (600, ev(kv_usage=0.87))])
+    assert state.level == Level.L2
+    state, _ = run([(31, ev(kv_usage=0.95)), (600, ev(kv_usage=0.80))])
+    assert state.level < Level.L2
+
+
+def test_unknown_data_never_escalates() -> None:
+    unknown = Evidence()  # every reading None
+    state, transitions = run([(1000, unknown)])
+    assert state.level == Level.L0 and transitions == []
+
+
+def test_unknown_data_never_de_escalates() -> None:
+    state, _ = run([(31, ev(kv_usage=0.95)), (1000, ev(kv_usage=None, over_budget_ratio=None))])
+    assert state.level == Level.L2
+
+
+def test_unknown_interrupts_sustained_evidence() -> None:
+    timeline = [(6, ev(fragmentation_ratio=0.4)), (1, ev(fragmentation_ratio=None)), (6, ev(fragmentation_ratio=0.4))]
+    state, _ = run(timeline)
+    assert state.level == Level.L0  # two stretches of 6 s are not 10 s sustained
+
+
+def test_lost_telemetry_holds_the_level() -> None:
+    state, transitions = run([(31, ev(kv_usage=0.95)), (1000, ev(kv_usage=0.1, telemetry_lost=True))])
+    assert state.level == Level.L2 and len(transitions) == 1
+
+
+def test_flapping_around_35_percent_makes_at_most_one_transition_per_hold() -> None:
+    flapping = [(1, ev(fragmentation_ratio=0.36 if i % 2 else 0.34)) for i in range(600)]
+    _, transitions = run(flapping)
+    assert transitions == []  # never above 35% for 10 s in a row
+    slow = [(15, ev(fragmentation_ratio=0.37 if i % 2 else 0.33)) for i in range(40)]
+    _, transitions = run(slow)
+    assert len(transitions) == 1  # in at the first sustained stretch; 0.33 never leaves (exit is 0.30)
+
+
+def test_force_pins_a_level_until_clear() -> None:
+    state, transition = force(BreakerState(), Level.L2, 5.0, "ops@host")
+    assert transition.forced and transition.rule == "forced by ops@host"
+    state, transitions = run([(2000, CALM)], state)
+    assert state.level == Level.L2 and transitions == []
+    state, transition = clear(state, 2000.0, "ops@host")
+    assert state.level == Level.L0 and not state.forced and transition.target == Level.L0
+    state, transitions = run([(6, ev(free_ratio=0.01))], state)
+    assert state.level == Level.L3  # the rules decide again
+
+
+# -- evidence from readings ------------------------------------------------------------
+
+from guardian.analysis.engine_stats import EngineSignals  # noqa: E402
+from guardian.analysis.memory import EnginePlacement, MemoryReport  # noqa: E402
+from guardian.policy.evidence import EvidenceMemory, evidence  # noqa: E402
+from guardian.sample import EngineReading, GpuReading, NvmlReading, Sample  # noqa: E402
+
+GiB = 2**30
+
+
+def _poll(healthy: bool | None, kind: str | None = None, free: float = 8.0, restarts: int = 0):  # type: ignore[no-untyped-def]
+    gpu = GpuReading(index=0, memory_total_bytes=80 * GiB, memory_free_bytes=int(free * GiB), memory_used_bytes=int((80 - free) * GiB))
+    reading = EngineReading(name="e", up=healthy is not None, healthy=healthy, error_kind=kind)
+    sample = Sample(t=0, wall=0, nvml=NvmlReading(gpus=(gpu,)), engines=(reading,))
+    sig = EngineSignals(name="e", up=True, healthy=healthy, telemetry_lost=False, failures_in_a_row=0,
+                        kv_cache_usage=0.5, restarts_total=restarts, gpu_memory_bytes=int(74 * GiB))  # fmt: skip
+    memory = MemoryReport({}, {}, {"e": EnginePlacement((0,), 80 * GiB, 0.92 * 80 * GiB)})
+    return sample, sig, memory
+
+
+def test_health_failures_count_answers_and_refusals_but_not_silence() -> None:
+    past = EvidenceMemory()
+    counts = []
+    for healthy, kind in [(True, None), (False, None), (None, "refused"), (None, "timeout"), (False, None), (True, None)]:
+        sample, sig, memory = _poll(healthy, kind)
+        counts.append(evidence("e", sample, sig, memory, past, 0.10).health_failures)
+    assert counts == [0, 1, 2, None, 3, 0]
+
+
+def test_oom_is_an_engine_dying_while_its_gpu_was_out_of_memory() -> None:
+    past = EvidenceMemory()
+    evidence("e", *_poll(True, free=1.0), past, 0.10)  # 1.25% free
+    e = evidence("e", *_poll(False, free=1.0), past, 0.10)
+    assert e.oom is True
+    past = EvidenceMemory()
+    evidence("e", *_poll(True, free=20.0), past, 0.10)
+    assert evidence("e", *_poll(True, free=20.0, restarts=1), past, 0.10).oom is False  # a restart with room: a crash
+
+
+def test_over_budget_is_the_engines_memory_above_vllms_budget() -> None:
+    e = evidence("e", *_poll(True), EvidenceMemory(), 0.10)
+    assert e.over_budget_ratio == pytest.approx((74 - 0.92 * 80) / 80)
+    assert e.free_ratio == pytest.approx(0.1)
