@@ -1,0 +1,78 @@
+"""Durable state: a JSON document written so that ``kill -9`` at any moment leaves the old or the new one.
+
+Write: a temp file in the same directory, fsync, rename over the target,
+fsync the directory (so the rename itself survives a power cut). Read: a file
+that does not parse, or parses to something other than the expected shape,
+is renamed aside (``NAME.corrupt-<unix time>``) and reported, and the caller
+starts from its conservative default instead of crashing or trusting it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Loaded:
+    data: dict[str, Any] | None  # None: no state yet, or it was set aside
+    quarantined: Path | None = None  # where a corrupt file was moved
+    reason: str | None = None  # why it was set aside
+
+
+class StateFile:
+    def __init__(self, path: Path, version: int = 1) -> None:
+        self.path = path
+        self.version = version
+
+    def save(self, data: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        payload = json.dumps({"version": self.version, "data": data}, sort_keys=True).encode()
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        _fsync_dir(self.path.parent)
+
+    def load(self) -> Loaded:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return Loaded(None)
+        try:
+            doc = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return self._quarantine(f"not JSON ({exc})")
+        if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
+            return self._quarantine("not a guardian state document")
+        if doc.get("version") != self.version:
+            return self._quarantine(f"version {doc.get('version')!r}, expected {self.version}")
+        return Loaded(doc["data"])
+
+    def _quarantine(self, reason: str) -> Loaded:
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+        os.replace(self.path, aside)
+        _fsync_dir(self.path.parent)
+        return Loaded(None, quarantined=aside, reason=reason)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
