@@ -101,6 +101,7 @@ class Daemon:
         self._memory = self._memory_watch(config)
         self._leaking: dict[str, bool] = {}
         self._record = record
+        self._record_log = _FailureLog("record")
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self._scheduler: AsyncIOScheduler | None = None
@@ -321,7 +322,7 @@ class Daemon:
             urls={e.section.name: e.section.url for e in engines},
         )
         if self._record is not None:
-            self._record.write(sample)
+            self._write_record(sample)
         self.last_poll_monotonic = time.monotonic()
         self.metrics.polls.inc()
         self.metrics.poll_duration.observe(elapsed)
@@ -333,6 +334,16 @@ class Daemon:
         self.notifier.watchdog(status)
         log.debug("poll_completed", duration_seconds=round(elapsed, 4), status=status)
         return self.snapshot
+
+    def _write_record(self, sample: Sample) -> None:
+        """A full disk must not stop the loop (and with it the watchdog): say so once per failure spell."""
+        assert self._record is not None
+        try:
+            self._record.write(sample)
+        except OSError as exc:
+            self._record_log.observe("record", f"{self._record.path}: {exc.strerror or exc}")
+        else:
+            self._record_log.observe(None, None)
 
     async def _read_nvml(self) -> NvmlReading:
         timeout = self.config.guardian.nvml_timeout_seconds

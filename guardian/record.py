@@ -28,8 +28,12 @@ class SampleRecorder:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a", encoding="utf-8")
-        self._file.write(json.dumps(to_record(sample), separators=(",", ":")) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(to_record(sample), separators=(",", ":")) + "\n")
+            self._file.flush()
+        except OSError:
+            self.close()  # reopened next time: the disk may have room again
+            raise
         if self._file.tell() >= self.max_bytes:
             self._rotate()
 

@@ -312,3 +312,22 @@ async def test_breaker_evidence_from_real_readings(cluster: SimCluster) -> None:
     assert e_full.free_ratio == pytest.approx(0.024, abs=0.002) and e_full.oom is False
     state, transition = breaker.step(breaker.BreakerState(), e_full, 0.0, BreakerParams(l3_sustain_seconds=0))
     assert state.level == breaker.Level.L3 and transition.rule == "free_reserve"
+
+
+async def test_a_record_file_that_cannot_be_written_does_not_stop_the_loop(cluster: SimCluster, tmp_path: Path) -> None:
+    from guardian.record import SampleRecorder
+
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("")
+    daemon = Daemon(_config(cluster), nvml_module=cluster.nvml, notifier=Notifier(address=""),
+                    record=SampleRecorder(blocked / "samples.jsonl"))  # fmt: skip
+    await daemon.start()
+    daemon._scheduler.pause()
+    try:
+        first = await daemon.poll_once()
+        second = await daemon.poll_once()
+        text = daemon.metrics.render().decode()
+    finally:
+        await daemon.close()
+    assert first.engines["sim0"].up and second.engines["sim0"].up
+    assert "guardian_polls_total 2.0" in text
