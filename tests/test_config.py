@@ -156,3 +156,12 @@ def test_run_refuses_a_bad_config_before_starting(tmp_path: Path) -> None:
         [sys.executable, "-m", "guardian", "run", "--config", str(path)], capture_output=True, text=True, timeout=20
     )
     assert result.returncode == 2 and "guardian.listen" in result.stderr
+
+
+def test_api_key_file_is_read_and_its_absence_is_reported(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("sk-from-file\n")
+    config = cfg.loads(ENGINE + f'api_key_file = "{key}"\n')
+    assert config.engines[0].read_api_key() == "sk-from-file"
+    issue = _only(ENGINE + f'api_key = "a"\napi_key_file = "{key}"\n')
+    assert "both api_key and api_key_file" in issue.message
