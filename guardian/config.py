@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from guardian.actions.engine_args import block_size_ok, valid_block_sizes
 from guardian.analysis.leak import LeakParams
 from guardian.policy.breaker import BreakerParams
 from pydantic import (
@@ -156,16 +157,6 @@ class GpuSection(_Model):
         return value
 
 
-def valid_block_sizes(backend: Attention) -> str:
-    return "16, 32 or 64" if backend == "flashinfer" else "a multiple of 16 (16, 32, 48, …)"
-
-
-def block_size_ok(block_size: int, backend: Attention) -> bool:
-    if backend == "flashinfer":
-        return block_size in (16, 32, 64)
-    return block_size > 0 and block_size % 16 == 0
-
-
 class PresetSection(_Model):
     """An engine profile (vLLM start-up arguments), checked against vLLM's own rules."""
 
@@ -180,11 +171,13 @@ class PresetSection(_Model):
     @model_validator(mode="after")
     def _block_size(self) -> PresetSection:
         if not block_size_ok(self.block_size, self.attention_backend):
-            lower = max(16, self.block_size // 16 * 16)
+            lower = 16
+            while lower * 2 <= self.block_size and (self.attention_backend != "flashinfer" or lower < 32):
+                lower *= 2
             raise Problem(
                 f"block_size = {self.block_size} is refused by vLLM's {self.attention_backend} attention backend, "
                 f"which needs {valid_block_sizes(self.attention_backend)}",
-                f"use block_size = {lower} or {lower + 16 if self.attention_backend != 'flashinfer' else 32}",
+                f"use block_size = {lower} or {lower * 2}",
             )
         return self
 

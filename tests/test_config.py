@@ -66,14 +66,16 @@ def test_out_of_range_value_says_the_bound() -> None:
 def test_block_size_24_in_a_preset_is_refused_with_valid_choices() -> None:
     issue = _only("[presets.mixed]\nmax_num_seqs = 8\nblock_size = 24\n")
     assert issue.key == "presets.mixed"
-    assert "block_size = 24 is refused" in issue.message and "multiple of 16" in issue.message
+    assert "block_size = 24 is refused" in issue.message and "a power of two from 16" in issue.message
     assert issue.fix == "use block_size = 16 or 32"
 
 
 def test_flashinfer_accepts_only_16_32_64() -> None:
     assert cfg.loads('[presets.p]\nmax_num_seqs = 4\nblock_size = 64\nattention_backend = "flashinfer"\n')
     issue = _only('[presets.p]\nmax_num_seqs = 4\nblock_size = 48\nattention_backend = "flashinfer"\n')
-    assert "16, 32 or 64" in issue.message
+    assert "16, 32 or 64" in issue.message and issue.fix == "use block_size = 32 or 64"
+    issue = _only('[presets.p]\nmax_num_seqs = 4\nblock_size = 48\n')
+    assert issue.fix == "use block_size = 32 or 64"  # a multiple of 16 but not a power of two
 
 
 def test_exit_threshold_above_enter_is_refused() -> None:
