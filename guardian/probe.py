@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pynvml
 
+from guardian.actions.vllm_admin import VllmAdmin
 from guardian.analysis.latency import histogram_quantile
 from guardian.sample import CoreReading, NvmlReading
 from guardian.sources.nvml import NvmlSource
@@ -25,11 +26,14 @@ from guardian.sources.vllm_page import LATENCY_HISTOGRAMS
 async def probe(url: str, timeout: float, api_key: str | None, nvml_module: Any | None = pynvml) -> dict[str, Any]:
     async with aiohttp.ClientSession() as session:
         reading = await VllmScraper("probe", url, session, timeout, api_key).scrape()
+        dev = await VllmAdmin(url, session, timeout).is_paused() if reading.up or reading.healthy else None
     result: dict[str, Any] = {
         "url": url,
         "up": reading.up,
         "healthy": reading.healthy,
         "error": reading.error,
+        # the operational endpoints guardian's breaker acts through (VLLM_SERVER_DEV_MODE=1)
+        "dev_endpoints": None if dev is None else {"available": dev.ok, "detail": dev.detail},
         "cores": [_core(c) for c in reading.cores],
     }
     if nvml_module is not None:
@@ -110,6 +114,9 @@ def render_text(result: dict[str, Any]) -> str:
         lines.append(f"  warning: {result['error']}")
     health = {True: "200 OK", False: "failing", None: "no answer"}[result["healthy"]]
     lines.append(f"  /health: {health}")
+    dev = result.get("dev_endpoints")
+    if dev is not None:
+        lines.append("  dev endpoints (/pause, /reset_prefix_cache): " + ("available" if dev["available"] else dev["detail"]))
     for core in result["cores"]:
         lines.append(f"  engine core {core['core'] or '-'} ({core['model'] or 'model unknown'})")
         lines.append(

@@ -64,6 +64,7 @@ def test_probe_json_on_a_real_vllm_page_prints_its_values(fixture_server: str) -
     # one request took between 2.5 s and 5 s: PromQL interpolates 2.5 + 2.5 * 0.99
     assert core["latency_since_start"]["e2e"]["p99_seconds"] == pytest.approx(4.975)
     assert core["latency_since_start"]["e2e"]["count"] == 1
+    assert doc["dev_endpoints"] == {"available": False, "detail": "start vLLM with VLLM_SERVER_DEV_MODE=1 to enable this action"}
 
 
 def test_probe_text_reports_nvml_missing_instead_of_failing(fixture_server: str) -> None:
@@ -177,3 +178,4 @@ def test_sim_serves_a_vllm_server_that_probe_reads(tmp_path: Path) -> None:
         sim.wait()
     doc = json.loads(result.stdout)
     assert doc["up"] and doc["cores"][0]["block_size"] == 16 and doc["cores"][0]["running"] == 0
+    assert doc["dev_endpoints"]["available"] is True  # the simulator runs in dev mode
