@@ -112,14 +112,18 @@ def _load_or_exit(path: Path) -> cfg.Config:
 def _run(args: argparse.Namespace) -> int:
     config = _load_or_exit(args.config)
     logs.configure(config.guardian.log_format, config.guardian.log_level)
-    from guardian.daemon import Daemon
+    from guardian.daemon import Daemon, StartupError
     from guardian.record import SampleRecorder
 
     if args.record_max_mb <= 0 or args.record_keep < 0:
         print("guardian run: --record-max-mb must be above 0 and --record-keep at least 0", file=sys.stderr)
         return 2
     record = SampleRecorder(args.record, int(args.record_max_mb * 2**20), args.record_keep) if args.record else None
-    asyncio.run(Daemon(config, args.config, record=record).run())
+    try:
+        asyncio.run(Daemon(config, args.config, record=record).run())
+    except StartupError as exc:
+        print(f"guardian: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -140,12 +144,17 @@ def _demo(args: argparse.Namespace) -> int:
         print("guardian demo: --engines must be at least 1 and --interval above 0", file=sys.stderr)
         return 2
     logs.configure("console", "info")
+    from guardian.daemon import StartupError
     from guardian.demo import run_demo
 
     duration = args.duration if args.duration is not None else scenarios.get(args.scenario).demo_seconds
-    return asyncio.run(
-        run_demo(args.scenario, duration, args.port, args.engines, args.seed, args.interval, record=args.record)
-    )
+    try:
+        return asyncio.run(
+            run_demo(args.scenario, duration, args.port, args.engines, args.seed, args.interval, record=args.record)
+        )
+    except StartupError as exc:
+        print(f"guardian demo: {str(exc).replace('(guardian.listen)', '(--port)')}", file=sys.stderr)
+        return 1
 
 
 def _probe(args: argparse.Namespace) -> int:

@@ -53,6 +53,10 @@ class _Engine:
     tracker: EngineTracker
 
 
+class StartupError(RuntimeError):
+    """The daemon cannot start as configured (the message says what to change)."""
+
+
 class _FailureLog:
     """Logs a failing source when it starts failing, changes reason, every N polls, and on recovery."""
 
@@ -187,7 +191,15 @@ class Daemon:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if "address already in use" in str(exc).lower():
+                reason = "address already in use (another guardian, or something else, listens there)"
+            raise StartupError(
+                f"cannot listen on {self.config.guardian.listen} (guardian.listen): {reason}"
+            ) from None
         sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
         bound = sockets[0].getsockname() if sockets else (host, port)
         self.http_address = (bound[0], bound[1])

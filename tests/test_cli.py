@@ -179,3 +179,18 @@ def test_sim_serves_a_vllm_server_that_probe_reads(tmp_path: Path) -> None:
     doc = json.loads(result.stdout)
     assert doc["up"] and doc["cores"][0]["block_size"] == 16 and doc["cores"][0]["running"] == 0
     assert doc["dev_endpoints"]["available"] is True  # the simulator runs in dev mode
+
+
+def test_run_on_a_busy_port_says_so_and_exits_1(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = tmp_path / "g.toml"
+        config.write_text(f'[guardian]\nlisten = "127.0.0.1:{port}"\n')
+        result = subprocess.run([*GUARDIAN, "run", "--config", str(config)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port} (guardian.listen): address already in use" in result.stderr
+    assert "Traceback" not in result.stderr
