@@ -22,7 +22,7 @@ from guardian.analysis.leak import LeakDetector, LeakParams, LeakReport
 MiB = 2**20
 GiB = 2**30
 _QUERY_ORDER = ("timestamp", "index", "memory.used", "memory.total", "utilization.gpu")
-_UNITS = {"mib": MiB, "gib": GiB, "kib": 1024, "b": 1, "mb": 10**6, "gb": 10**9}
+_UNITS: dict[str, float] = {"mib": MiB, "gib": GiB, "kib": 1024, "b": 1, "mb": 10**6, "gb": 10**9}
 
 
 @dataclass
@@ -105,7 +105,8 @@ def _read_csv(path: Path, text: str, series: dict[tuple[str, str], Series], prob
 
 
 def _header(row: list[str]) -> tuple[list[str], list[float | None]]:
-    names, units = [], []
+    names: list[str] = []
+    units: list[float | None] = []
     for cell in row:
         cell = cell.strip()
         name, _, unit = cell.partition(" [")

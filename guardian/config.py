@@ -118,7 +118,7 @@ class EngineSection(_Model):
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise Problem(f"{value!r} is not an http(s) URL", 'use the server\'s base URL, e.g. "http://127.0.0.1:8000"')
         try:
-            parts.port
+            _ = parts.port  # urlsplit checks the port only when asked for it
         except ValueError:
             raise Problem(f"{value!r} has an invalid port", 'use e.g. "http://127.0.0.1:8000"') from None
         if parts.query or parts.fragment:

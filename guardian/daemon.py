@@ -200,7 +200,7 @@ class Daemon:
             raise StartupError(
                 f"cannot listen on {self.config.guardian.listen} (guardian.listen): {reason}"
             ) from None
-        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
+        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr, attr-defined]
         bound = sockets[0].getsockname() if sockets else (host, port)
         self.http_address = (bound[0], bound[1])
 
@@ -309,10 +309,9 @@ class Daemon:
         started = time.monotonic()
         wall = time.time()
         engines = list(self._engines.values())
-        nvml, procs, *readings = await asyncio.gather(
-            self._read_nvml(), self._read_processes(engines), *(e.scraper.scrape() for e in engines)
-        )
-        readings = [_with_processes(r, procs.get(r.name)) for r in readings]
+        scrapes = asyncio.gather(*(e.scraper.scrape() for e in engines))
+        nvml, procs, scraped = await asyncio.gather(self._read_nvml(), self._read_processes(engines), scrapes)
+        readings = [_with_processes(r, procs.get(r.name)) for r in scraped]
         sample = Sample(t=started, wall=wall, nvml=nvml, engines=tuple(readings))
         by_pid = gpu_memory_by_pid(nvml)
         signals: dict[str, EngineSignals] = {}

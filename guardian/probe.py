@@ -52,7 +52,7 @@ async def _read_nvml(nvml_module: Any, timeout: float) -> NvmlReading:
 
 
 def _core(core: CoreReading) -> dict[str, Any]:
-    latency = {}
+    latency: dict[str, dict[str, float | None] | None] = {}
     for short, family in LATENCY_HISTOGRAMS.items():
         hist = core.histograms.get(family)
         if hist is None:

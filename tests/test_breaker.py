@@ -16,10 +16,10 @@ def run(timeline: list[tuple[float, Evidence]], state: BreakerState | None = Non
     state = state or BreakerState()
     t = 0.0
     transitions: list[Transition] = []
-    for duration, evidence in timeline:
+    for duration, seen in timeline:
         end = t + duration
         while t < end:
-            state, transition = step(state, evidence, t, P)
+            state, transition = step(state, seen, t, P)
             if transition:
                 transitions.append(transition)
             t += dt

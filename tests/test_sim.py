@@ -55,7 +55,7 @@ def test_kv_blocks_follow_sequences_and_internal_waste_is_exact() -> None:
 
 def test_a_full_pool_preempts_and_queues() -> None:
     engine = EngineModel(EngineParams(num_gpu_blocks=200, block_size=16, max_num_seqs=64), seed=1)
-    for i in range(20):
+    for _ in range(20):
         engine.submit(SimRequest(prompt_tokens=400, max_tokens=400, arrival=0))
     engine.advance(30)
     page = promtext.parse(engine.metrics.render().decode())

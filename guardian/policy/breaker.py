@@ -154,8 +154,8 @@ def _numbers(e: Evidence) -> dict[str, float | int | None]:
 
 
 def step(state: BreakerState, e: Evidence, t: float, p: BreakerParams) -> tuple[BreakerState, Transition | None]:
-    if state.since is None:
-        state = replace(state, since=t)
+    since = t if state.since is None else state.since
+    state = replace(state, since=since)
     if state.forced or e.telemetry_lost:
         return replace(state, pending={}, clear_since=None), None  # pinned, or blind: hold the level
     rules = _enter_rules(e, p)
@@ -173,7 +173,7 @@ def step(state: BreakerState, e: Evidence, t: float, p: BreakerParams) -> tuple[
     if state.level == Level.L0 or stays is not False:
         return replace(state, pending=pending, clear_since=None), None
     clear_since = state.clear_since if state.clear_since is not None else t
-    if t - clear_since >= p.exit_hold(state.level) and t - state.since >= p.exit_hold(state.level):
+    if t - clear_since >= p.exit_hold(state.level) and t - since >= p.exit_hold(state.level):
         lower = Level(state.level - 1)
         transition = Transition(t, state.level, lower, "recovered", _numbers(e))
         return BreakerState(level=lower, since=t, pending=pending), transition

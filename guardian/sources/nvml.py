@@ -227,6 +227,9 @@ class NvmlSource:
                 if getattr(exc, "value", None) == nv.NVML_ERROR_NOT_FOUND:
                     continue  # this slot holds no slice
                 raise
+            total: int | None
+            used: int | None
+            free: int | None
             try:
                 memory = nv.nvmlDeviceGetMemoryInfo(mig)
                 total, used, free = int(memory.total), int(memory.used), int(memory.free)

@@ -46,7 +46,7 @@ class OffloopWorker:
         future.add_done_callback(_retrieve)  # a late result after a timeout is dropped quietly
         self._busy.set()
         self._jobs.put((fn, future, loop))
-        return await asyncio.wait_for(asyncio.shield(future), timeout)  # type: ignore[return-value]
+        return await asyncio.wait_for(asyncio.shield(future), timeout)  # type: ignore[arg-type, return-value]
 
     def _run(self) -> None:
         while True:
