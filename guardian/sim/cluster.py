@@ -9,7 +9,6 @@ finds a real process through the pid file the cluster writes.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import tempfile
 import time
@@ -29,7 +28,7 @@ class SimCluster:
         self.gpus: list[SimGpu] = []
         self.servers: list[SimServer] = []
         for i in range(engines):
-            engine = EngineModel(dataclasses.replace(scenario.engine), seed=seed + i)
+            engine = EngineModel(scenario.engine, seed=seed + i)
             gpu = SimGpu(index=i, uuid=f"GPU-{seed:08x}-sim0-{i:04d}-0000-{i:012d}", engine=engine, pid=os.getpid())
             self.gpus.append(gpu)
             self.servers.append(SimServer(engine, gpu, dev_mode=dev_mode))
