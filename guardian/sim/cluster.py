@@ -4,6 +4,10 @@ One engine per simulated GPU, each behind its own vLLM-compatible server on a
 free loopback port; one fake NVML over all GPUs. The "vLLM process" that
 holds each GPU's memory is this very process, so guardian's psutil source
 finds a real process through the pid file the cluster writes.
+
+Limit: with several engines they all share that pid, so guardian attributes
+every simulated GPU to every engine (per-engine GPU memory is the sum over
+the GPUs); the per-GPU series are exact.
 """
 
 from __future__ import annotations
