@@ -40,7 +40,10 @@ def demo_config(cluster: SimCluster, port: int, interval: float) -> cfg.Config:
         leak=DEMO_LEAK,
         engines=[
             cfg.EngineSection(
-                name=f"sim{i}", url=url, dev_mode=True, process=cfg.ProcessSection(pid_file=cluster.pid_file)
+                name=f"sim{i}",
+                url=url,
+                dev_mode=True,
+                process=cfg.ProcessSection(pid_file=cluster.pid_file) if i < cluster.process_engines else None,
             )
             for i, url in enumerate(cluster.urls)
         ],

@@ -5,9 +5,9 @@ free loopback port; one fake NVML over all GPUs. The "vLLM process" that
 holds each GPU's memory is this very process, so guardian's psutil source
 finds a real process through the pid file the cluster writes.
 
-Limit: with several engines they all share that pid, so guardian attributes
-every simulated GPU to every engine (per-engine GPU memory is the sum over
-the GPUs); the per-GPU series are exact.
+With several engines only the first can be this process; the others' GPU
+memory is held by pids that exist only in the fake NVML, so guardian sees
+their per-GPU series but no process tree for them (``process_engines``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from guardian.sim.scenarios import Scenario
 from guardian.sim.server import SimServer
 
 
+FAKE_PID_BASE = 4_000_000  # above Linux's pid_max: never a real process
+
+
 class SimCluster:
     def __init__(self, scenario: Scenario, engines: int = 1, seed: int = 0, dev_mode: bool = True) -> None:
         self.scenario = scenario
@@ -33,7 +36,8 @@ class SimCluster:
         self.servers: list[SimServer] = []
         for i in range(engines):
             engine = EngineModel(scenario.engine, seed=seed + i)
-            gpu = SimGpu(index=i, uuid=f"GPU-{seed:08x}-sim0-{i:04d}-0000-{i:012d}", engine=engine, pid=os.getpid())
+            pid = os.getpid() if i == 0 else FAKE_PID_BASE + i
+            gpu = SimGpu(index=i, uuid=f"GPU-{seed:08x}-sim0-{i:04d}-0000-{i:012d}", engine=engine, pid=pid)
             self.gpus.append(gpu)
             self.servers.append(SimServer(engine, gpu, dev_mode=dev_mode))
         self.nvml = FakeNvml(self.gpus)
@@ -43,6 +47,8 @@ class SimCluster:
         self.pid_file = Path(self._dir.name) / "vllm.pid"
         self.pid_file.write_text(f"{os.getpid()}\n")
         self.started_at: float | None = None
+
+    process_engines = 1  # engines whose process tree guardian can find (through pid_file)
 
     @property
     def urls(self) -> list[str]:
