@@ -12,33 +12,41 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 from guardian.analysis.latency import histogram_quantiles
 from guardian.sample import Histogram
 
+V = TypeVar("V")
 
-class Ring:
-    """(t, value) points kept for ``horizon`` seconds and at most ``max_points``."""
+
+class Ring(Generic[V]):
+    """(t, value) points kept for ``horizon`` seconds and at most ``max_points``: what both windows share."""
 
     __slots__ = ("horizon", "points")
 
     def __init__(self, horizon: float, max_points: int = 100_000) -> None:
         self.horizon = horizon
-        self.points: deque[tuple[float, float]] = deque(maxlen=max_points)
+        self.points: deque[tuple[float, V]] = deque(maxlen=max_points)
 
-    def add(self, t: float, value: float) -> None:
+    def add(self, t: float, value: V) -> None:
         self.points.append((t, value))
         cutoff = t - self.horizon
         while len(self.points) > 1 and self.points[0][0] < cutoff:
             self.points.popleft()
 
-    def since(self, t0: float) -> list[tuple[float, float]]:
-        return [p for p in self.points if p[0] >= t0]
+    def clear(self) -> None:
+        self.points.clear()
 
-    def latest(self) -> tuple[float, float] | None:
-        return self.points[-1] if self.points else None
-
-    def __len__(self) -> int:
-        return len(self.points)
+    def span(self, t0: float) -> tuple[tuple[float, V], tuple[float, V]] | None:
+        """The first point at or after ``t0`` and the last point, when they are two different points."""
+        points = self.points
+        if len(points) < 2:
+            return None
+        last = points[-1]
+        first = next((p for p in points if p[0] >= t0), None)
+        if first is None or first is last:
+            return None
+        return first, last
 
 
 class CounterWindow:
@@ -47,7 +55,7 @@ class CounterWindow:
     __slots__ = ("_ring", "_last_raw", "_adjusted", "resets")
 
     def __init__(self, horizon: float) -> None:
-        self._ring = Ring(horizon)
+        self._ring: Ring[float] = Ring(horizon)
         self._last_raw: float | None = None
         self._adjusted = 0.0
         self.resets = 0
@@ -66,26 +74,15 @@ class CounterWindow:
 
     def increase(self, now: float, window: float) -> float | None:
         """Increase over the last ``window`` seconds; None without two points inside it."""
-        span = _span(self._ring, now - window)
+        span = self._ring.span(now - window)
         return None if span is None else span[1][1] - span[0][1]
 
     def rate(self, now: float, window: float) -> float | None:
         """Per-second rate over the window, between the first and last points in it."""
-        span = _span(self._ring, now - window)
+        span = self._ring.span(now - window)
         if span is None or span[1][0] <= span[0][0]:
             return None
         return (span[1][1] - span[0][1]) / (span[1][0] - span[0][0])
-
-
-def _span(ring: Ring, t0: float) -> tuple[tuple[float, float], tuple[float, float]] | None:
-    points = ring.points
-    if len(points) < 2:
-        return None
-    last = points[-1]
-    first = next((p for p in points if p[0] >= t0), None)
-    if first is None or first is last:
-        return None
-    return first, last
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,15 +100,14 @@ class HistogramWindow:
     (vLLM upgraded with new buckets) starts the window over.
     """
 
-    __slots__ = ("_horizon", "_bounds", "_ring", "_last_raw", "_adjusted", "resets")
+    __slots__ = ("_bounds", "_ring", "_last_raw", "_adjusted", "resets")
 
     def __init__(self, horizon: float) -> None:
         self._bounds: tuple[float, ...] | None = None
-        self._ring: deque[tuple[float, tuple[float, ...]]] = deque()
+        self._ring: Ring[tuple[float, ...]] = Ring(horizon)
         self._last_raw: tuple[float, ...] | None = None
         self._adjusted: list[float] = []
         self.resets = 0
-        self._horizon = horizon
 
     def add(self, t: float, hist: Histogram | None) -> None:
         if hist is None:
@@ -132,20 +128,14 @@ class HistogramWindow:
             else:
                 self._adjusted = [a + c - p for a, c, p in zip(self._adjusted, raw, last)]
         self._last_raw = raw
-        self._ring.append((t, tuple(self._adjusted)))
-        cutoff = t - self._horizon
-        while len(self._ring) > 1 and self._ring[0][0] < cutoff:
-            self._ring.popleft()
+        self._ring.add(t, tuple(self._adjusted))
 
     def delta(self, now: float, window: float) -> list[tuple[float, float]] | None:
         """Cumulative bucket counts of the observations made in the window."""
-        if self._bounds is None or len(self._ring) < 2:
+        span = self._ring.span(now - window)
+        if self._bounds is None or span is None:
             return None
-        t0 = now - window
-        first = next((p for p in self._ring if p[0] >= t0), None)
-        last = self._ring[-1]
-        if first is None or first is last:
-            return None
+        first, last = span
         return [(b, l - f) for b, l, f in zip(self._bounds, last[1], first[1])]
 
     def quantiles(self, now: float, window: float) -> Quantiles | None:
