@@ -455,9 +455,8 @@ def _with_processes(
 
 
 def _wall(sample: Sample, t: float) -> str:
-    """A monotonic time of this run as ISO wall-clock time, via the sample's pair of clocks."""
-    wall = sample.wall - (sample.t - t)
-    return datetime.fromtimestamp(wall, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    """A monotonic time of this run as ISO wall-clock time."""
+    return datetime.fromtimestamp(sample.wall_at(t), timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _round(value: float | None) -> float | None:

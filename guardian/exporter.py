@@ -286,7 +286,7 @@ def status(snap: Snapshot | None, started_wall: float, interval: float) -> dict[
                 "leak_suspected": r.leak,
                 "confidence": round(r.confidence, 2),
                 "steps_held": [
-                    {"at": _iso(s.wall - (s.t - st.t)), "size_gib": _gib(st.size)} for st in r.held_steps
+                    {"at": _iso(s.wall_at(st.t)), "size_gib": _gib(st.size)} for st in r.held_steps
                 ][-10:],
                 "steps_given_back": sum(1 for st in r.steps if st.given_back_at is not None),
                 "time_to_exhaustion_hours": None if r.time_to_exhaustion is None else round(r.time_to_exhaustion / 3600, 2),

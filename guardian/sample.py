@@ -149,6 +149,10 @@ class Sample:
     def engine(self, name: str) -> EngineReading | None:
         return next((e for e in self.engines if e.name == name), None)
 
+    def wall_at(self, t: float) -> float:
+        """Unix time of a monotonic time ``t`` of this run (a step's change point), via this sample's two clocks."""
+        return self.wall - (self.t - t)
+
 
 def _int_or_none(value: str | None) -> int | None:
     if value in (None, "None", ""):
