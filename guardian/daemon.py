@@ -435,14 +435,7 @@ class Daemon:
         if snap is None:
             return "starting"
         parts = [f"{len(snap.nvml.gpus)} GPU" + ("" if snap.nvml.ok else " (NVML lost)")]
-        for name, sig in snap.engines.items():
-            if not sig.up:
-                parts.append(f"{name}: down")
-                continue
-            p99 = sig.latency.get("ttft")
-            p99_text = f" p99 ttft {p99.p99 * 1000:.0f}ms" if p99 and p99.p99 is not None else ""
-            kv = f"kv {sig.kv_cache_usage * 100:.0f}%" if sig.kv_cache_usage is not None else "kv ?"
-            parts.append(f"{name}: {kv} run {_n(sig.running)} wait {_n(sig.waiting)}{p99_text}")
+        parts += [f"{name}: {sig.brief()}" for name, sig in snap.engines.items()]
         return "; ".join(parts)
 
 
@@ -461,10 +454,6 @@ def _wall(sample: Sample, t: float) -> str:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
-
-
-def _n(value: float | None) -> str:
-    return "?" if value is None else f"{value:.0f}"
 
 
 def _now() -> datetime:

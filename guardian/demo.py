@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from guardian import config as cfg
+from guardian.analysis.engine_stats import count_text, seconds_text
 from guardian.daemon import Daemon
 from guardian.record import SampleRecorder
 from guardian.sim import scenarios
@@ -114,13 +115,10 @@ def summary(snap: Snapshot | None, elapsed: float) -> str:
         if not sig.up:
             parts.append(f"{name}: DOWN")
             continue
-        ttft = sig.latency.get("ttft")
         e2e = sig.latency.get("e2e")
-        kv = f"{sig.kv_cache_usage * 100:.0f}%" if sig.kv_cache_usage is not None else "?"
         parts.append(
-            f"{name}: kv {kv} run {_n(sig.running)} wait {_n(sig.waiting)} "
-            f"p99 ttft {_ms(ttft.p99 if ttft else None)} e2e {_ms(e2e.p99 if e2e else None)} "
-            f"{_n(sig.generation_tokens_per_second)} tok/s"
+            f"{name}: {sig.brief()} e2e {seconds_text(e2e.p99 if e2e else None)} "
+            f"{count_text(sig.generation_tokens_per_second)} tok/s"
         )
     for gpu in snap.nvml.gpus:
         if gpu.memory_used_bytes is None or gpu.memory_total_bytes is None:
@@ -143,13 +141,3 @@ def _leak_text(snap: Snapshot, series: str) -> str:
     held = len(report.held_steps)
     text = f" steps {held} (+{report.overhang / 2**30:.1f} GiB)" if held else ""
     return text + (" LEAK SUSPECTED" if report.leak else "")
-
-
-def _n(value: float | None) -> str:
-    return "?" if value is None else f"{value:.0f}"
-
-
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "?"
-    return f"{value * 1000:.0f}ms" if value < 10 else f"{value:.1f}s"

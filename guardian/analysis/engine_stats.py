@@ -55,6 +55,28 @@ class EngineSignals:
     cpu_seconds: float | None = None  # CPU time of the live processes of the tree
 
 
+    def brief(self) -> str:
+        """The engine in a few words, for systemd's STATUS= line and the demo: kv, batch, queue, P99 TTFT."""
+        if not self.up:
+            return "down"
+        kv = "?" if self.kv_cache_usage is None else f"{self.kv_cache_usage * 100:.0f}%"
+        ttft = self.latency.get("ttft")
+        return (
+            f"kv {kv} run {count_text(self.running)} wait {count_text(self.waiting)} "
+            f"p99 ttft {seconds_text(ttft.p99 if ttft else None)}"
+        )
+
+
+def count_text(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}"
+
+
+def seconds_text(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value * 1000:.0f}ms" if value < 10 else f"{value:.1f}s"
+
+
 class EngineTracker:
     def __init__(self, name: str, window_seconds: float, lost_after_polls: int) -> None:
         self.name = name
