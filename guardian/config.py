@@ -10,15 +10,18 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from guardian.actions.engine_args import block_size_ok, valid_block_sizes
+from guardian.actions.engine_args import KV_CACHE_DTYPES, Value, block_size_ok, valid_block_sizes, validate
+from guardian.actions.restart import RestartTimeouts
 from guardian.analysis.leak import LeakParams
 from guardian.policy.breaker import BreakerParams
+from guardian.policy.response import ResponseParams
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -54,6 +57,11 @@ class GuardianSection(_Model):
     nvml_timeout_seconds: float = Field(2.0, gt=0, le=60)
     scrape_timeout_seconds: float | None = Field(None, gt=0, le=60)
     latency_window_seconds: float = Field(60.0, gt=0, le=86400)
+    # the breaker's level, restart history and engine-argument overlay; systemd's StateDirectory= sets $STATE_DIRECTORY
+    state_dir: Path = Field(default_factory=lambda: Path(os.environ.get("STATE_DIRECTORY", "/var/lib/vllm-guardian")))
+    # bearer token for guardian's HTTP API (breaker force/clear); without one the API is off.
+    # Under systemd, LoadCredential=api-token:PATH is read from $CREDENTIALS_DIRECTORY instead.
+    api_token_file: Path | None = None
 
     @field_validator("listen")
     @classmethod
@@ -80,6 +88,17 @@ class GuardianSection(_Model):
     def scrape_timeout(self) -> float:
         return self.scrape_timeout_seconds or 0.8 * self.poll_interval_seconds
 
+    def read_api_token(self) -> str | None:
+        """The API token: systemd's credential first, then ``api_token_file``; None: the API is off."""
+        creds = os.environ.get("CREDENTIALS_DIRECTORY")
+        candidates = [Path(creds) / "api-token"] if creds else []
+        candidates += [self.api_token_file] if self.api_token_file else []
+        for path in candidates:
+            if path.exists() or path == self.api_token_file:
+                token = path.read_text().strip()
+                return token or None
+        return None
+
 
 class ProcessSection(_Model):
     """How to find an engine's processes; exactly one way."""
@@ -103,6 +122,32 @@ class ProcessSection(_Model):
         return self
 
 
+class RestartSection(_Model):
+    """How guardian restarts an engine with new arguments (actions/launcher.py)."""
+
+    launcher: Literal["systemd", "child"]
+    unit: str | None = None  # systemd: the vLLM unit
+    env_file: Path | None = None  # systemd: the EnvironmentFile its ExecStart reads $VLLM_ARGS from
+    command: list[str] | None = None  # child: the program and its fixed arguments, e.g. ["vllm", "serve", "MODEL"]
+    args: dict[str, Value] = {}  # the base engine arguments, flag names without dashes
+    attention_backend: Attention = "flash_attn"
+
+    @model_validator(mode="after")
+    def _complete(self) -> RestartSection:
+        if self.launcher == "systemd":
+            if not self.unit or self.env_file is None:
+                raise Problem("the systemd launcher needs unit and env_file",
+                              'e.g. unit = "vllm.service", env_file = "/etc/vllm/args.env" (its ExecStart uses $VLLM_ARGS)')  # fmt: skip
+            if not self.env_file.is_absolute():
+                raise Problem(f"env_file {str(self.env_file)!r} is not an absolute path", 'use e.g. "/etc/vllm/args.env"')
+        if self.launcher == "child" and not self.command:
+            raise Problem("the child launcher needs command", 'e.g. command = ["/opt/vllm/bin/vllm", "serve", "MODEL"]')
+        problems = validate(self.args, self.attention_backend)
+        if problems:
+            raise Problem("args: " + "; ".join(problems), "use arguments vLLM accepts (see vllm serve --help)")
+        return self
+
+
 class EngineSection(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     url: str
@@ -110,6 +155,7 @@ class EngineSection(_Model):
     api_key_file: Path | None = None
     dev_mode: bool = False  # the server runs with VLLM_SERVER_DEV_MODE=1 (admin endpoints)
     process: ProcessSection | None = None
+    restart: RestartSection | None = None
 
     @field_validator("url")
     @classmethod
@@ -188,6 +234,50 @@ LeakParams.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr
 BreakerParams.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]
 
 
+class DegradedSection(_Model):
+    """The degraded engine profile L2 applies by a drained restart when its pressure lasts."""
+
+    kv_cache_dtype: Literal[KV_CACHE_DTYPES] | None = "fp8"  # type: ignore[valid-type]
+    max_num_seqs: int | None = Field(None, ge=1, le=65536)
+    speculation: bool = False  # false: --speculative-config is dropped
+
+    def layer(self) -> dict[str, Value | None]:
+        layer: dict[str, Value | None] = {}
+        if self.kv_cache_dtype is not None:
+            layer["kv-cache-dtype"] = self.kv_cache_dtype
+        if self.max_num_seqs is not None:
+            layer["max-num-seqs"] = self.max_num_seqs
+        if not self.speculation:
+            layer["speculative-config"] = None
+        return layer
+
+
+class ActionsSection(_Model):
+    dry_run: bool = False  # decide and log every action, carry none out (also: guardian run --dry-run)
+    restart_budget: int = Field(3, ge=0, le=100)  # restarts per window; past it L3 is held and on-call paged
+    restart_budget_window_seconds: float = Field(3600.0, gt=0)
+    degrade_after_seconds: float = Field(600.0, gt=0)
+    restore_after_seconds: float = Field(1800.0, gt=0)
+    min_gpu_memory_utilization: float = Field(0.5, gt=0, lt=1)
+    drain_timeout_seconds: float = Field(120.0, gt=0, le=3600)
+    start_timeout_seconds: float = Field(900.0, gt=0, le=7200)
+    degraded: DegradedSection = DegradedSection()
+
+    @property
+    def params(self) -> ResponseParams:
+        return ResponseParams(
+            restart_budget=self.restart_budget,
+            restart_budget_window_seconds=self.restart_budget_window_seconds,
+            degrade_after_seconds=self.degrade_after_seconds,
+            restore_after_seconds=self.restore_after_seconds,
+            min_gpu_memory_utilization=self.min_gpu_memory_utilization,
+        )
+
+    @property
+    def timeouts(self) -> RestartTimeouts:
+        return RestartTimeouts(drain_seconds=self.drain_timeout_seconds, start_seconds=self.start_timeout_seconds)
+
+
 class FragmentationSection(_Model):
     # share of the engine's memory that is KV pool, when vLLM does not report kv_cache_memory_bytes
     kv_pool_share: float = Field(0.7, gt=0, lt=1)
@@ -199,6 +289,7 @@ class Config(_Model):
     engines: list[EngineSection] = []
     presets: dict[str, PresetSection] = {}
     breaker: BreakerParams = BreakerParams()
+    actions: ActionsSection = ActionsSection()
     leak: LeakParams = LeakParams()
     fragmentation: FragmentationSection = FragmentationSection()
 
@@ -259,6 +350,11 @@ class Config(_Model):
                 notes.append(
                     f"engines[{i}].url: {engine.url} is not a loopback address but dev_mode = true: vLLM's "
                     "dev endpoints (/pause, /reset_prefix_cache, …) are unauthenticated; bind vLLM to 127.0.0.1"
+                )
+            if engine.restart is not None and not engine.dev_mode:
+                notes.append(
+                    f"engines[{i}].restart: dev_mode is off, so a drained restart cannot pause vLLM; it waits for "
+                    "the engine to go idle on its own (or the drain deadline) while new requests keep arriving"
                 )
         for name, preset in self.presets.items():
             if preset.swap_space_gb:

@@ -6,18 +6,25 @@ twice at once. Everything that can block (NVML, /proc) runs in worker
 threads with timeouts; everything that can fail becomes a reading with a
 reason. The watchdog is pinged only from a poll that completed, so a wedged
 loop is restarted by systemd.
+
+Each poll's sample goes through the ``Pipeline`` (signals, leak detectors,
+breaker, response) and its decision is carried out by the ``Executor``. The
+policy state is saved before any action starts (write-ahead), so a
+``kill -9`` mid-transition restarts at the level it had reached, with the
+restarts it had spent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import signal
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Mapping
 
 import aiohttp
 import psutil
@@ -28,19 +35,30 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from guardian import config as cfg
 from guardian import logs
-from guardian.analysis.engine_stats import EngineSignals, EngineTracker
-from guardian.analysis.memory import MemoryReport, MemoryWatch
+from guardian.actions.executor import EngineActuators, Executor
+from guardian.actions.gateway import Gateway, NoGateway
+from guardian.actions.launcher import ChildLauncher, Launcher, SystemdLauncher
+from guardian.actions.outcome import Outcome
+from guardian.actions.vllm_admin import VllmAdmin
+from guardian.analysis.memory import MemoryReport
 from guardian.exporter import Metrics, make_app
+from guardian.notify.channel import Channel, LogChannel
+from guardian.pipeline import Decision, Pipeline
+from guardian.policy import response
+from guardian.policy.response import Action, Command
 from guardian.record import SampleRecorder
 from guardian.sample import EngineReading, NvmlReading, ProcReading, Sample
 from guardian.sdnotify import Notifier, watchdog_interval
-from guardian.snapshot import Snapshot, gpu_memory_by_pid
+from guardian.snapshot import PolicyView, Snapshot
 from guardian.sources.nvml import NvmlSource
 from guardian.sources.offloop import OffloopWorker, WorkerBusy
 from guardian.sources.process import ProcessSource
 from guardian.sources.vllm import VllmScraper
+from guardian.state import StateFile
 
 log = logs.get("guardian.daemon")
+
+STATE_FILE = "state.json"
 
 REPEAT_FAILURE_LOG_EVERY = 60  # polls: a persisting failure is logged again this often
 
@@ -50,7 +68,6 @@ class _Engine:
     section: cfg.EngineSection
     scraper: VllmScraper
     processes: ProcessSource | None
-    tracker: EngineTracker
 
 
 class StartupError(RuntimeError):
@@ -85,6 +102,10 @@ class Daemon:
         nvml_module: ModuleType | Any = pynvml,
         notifier: Notifier | None = None,
         record: SampleRecorder | None = None,
+        dry_run: bool = False,
+        launchers: Mapping[str, Launcher] | None = None,
+        gateway: Gateway | None = None,
+        channel: Channel | None = None,
     ) -> None:
         self.config = config
         self.config_path = Path(config_path) if config_path else None
@@ -102,7 +123,15 @@ class Daemon:
         self._nvml_log = _FailureLog("nvml")
         self._engines: dict[str, _Engine] = {}
         self._engine_logs: dict[str, _FailureLog] = {}
-        self._memory = self._memory_watch(config)
+        self.pipeline = Pipeline(config, psutil.virtual_memory().total)
+        self.dry_run = dry_run or config.actions.dry_run
+        self._launchers = dict(launchers or {})  # the simulator's, in the demo and tests
+        self._gateway = gateway or NoGateway()
+        self._channel = channel or LogChannel()
+        self.executor: Executor | None = None
+        self._state = StateFile(config.guardian.state_dir / STATE_FILE)
+        self._state_log = _FailureLog("state")
+        self._saved: dict[str, Any] | None = None
         self._leaking: dict[str, bool] = {}
         self._record = record
         self._record_log = _FailureLog("record")
@@ -112,10 +141,6 @@ class Daemon:
         self._stop = asyncio.Event()
         self._ready_sent = False
 
-    @staticmethod
-    def _memory_watch(config: cfg.Config) -> MemoryWatch:
-        return MemoryWatch(config.leak, config.fragmentation.kv_pool_share, psutil.virtual_memory().total)
-
     # -- lifecycle ------------------------------------------------------------
 
     async def start(self) -> None:
@@ -123,6 +148,8 @@ class Daemon:
         self._build_engines(self.config)
         for note in self.config.warnings():
             log.warning("config_warning", detail=note)
+        self._restore_state()
+        self.executor = self._build_executor(self.config)
         await self._start_http()
         self._scheduler = AsyncIOScheduler()
         self._scheduler.add_listener(self._on_missed, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
@@ -142,6 +169,9 @@ class Daemon:
             engines=[e.name for e in self.config.engines],
             poll_interval_seconds=self.config.guardian.poll_interval_seconds,
             config=str(self.config_path) if self.config_path else None,
+            dry_run=self.dry_run,
+            state=str(self._state.path),
+            levels={name: f"L{int(st.breaker.level)}" for name, st in self.pipeline.states.items()},
         )
 
     async def run(self) -> None:
@@ -167,6 +197,8 @@ class Daemon:
     async def close(self) -> None:
         if self._scheduler is not None and self._scheduler.running:
             self._scheduler.shutdown(wait=False)
+        if self.executor is not None:
+            await self.executor.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -187,6 +219,7 @@ class Daemon:
             lambda: self.last_poll_monotonic,
             lambda: self.config.guardian.poll_interval_seconds,
             self._started_wall,
+            self._breaker_api,
         )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -258,8 +291,15 @@ class Daemon:
                 self._nvml.close()
             self._nvml = NvmlSource(new.gpus.select, self._nvml_module)
         self._build_engines(new)
-        if (new.leak, new.fragmentation) != (old.leak, old.fragmentation):
-            self._memory = self._memory_watch(new)  # detectors start over with the new parameters
+        self.pipeline.reconfigure(new)
+        self.dry_run = self.dry_run or new.actions.dry_run
+        if self.executor is not None:
+            self.executor.engines = self._actuators(new)
+            self.executor.degraded = new.actions.degraded.layer()
+            self.executor.timeouts = new.actions.timeouts
+        if new.guardian.state_dir != old.guardian.state_dir:
+            log.warning("config_reload_partial", key="guardian.state_dir", running=str(old.guardian.state_dir),
+                        new=str(new.guardian.state_dir), detail="the state directory changes only on restart")  # fmt: skip
         if self._scheduler is not None and new.guardian.poll_interval_seconds != old.guardian.poll_interval_seconds:
             self._schedule()
         self.metrics.reloads.labels("applied").inc()
@@ -272,17 +312,6 @@ class Daemon:
         g = config.guardian
         engines: dict[str, _Engine] = {}
         for section in config.engines:
-            previous = self._engines.get(section.name)
-            keep = previous is not None and (
-                previous.section.url,
-                previous.tracker.window,
-                previous.tracker.lost_after,
-            ) == (section.url, g.latency_window_seconds, g.telemetry_lost_after_polls)
-            tracker = (
-                previous.tracker
-                if keep and previous is not None
-                else EngineTracker(section.name, g.latency_window_seconds, g.telemetry_lost_after_polls)
-            )
             try:
                 api_key = section.read_api_key()
             except OSError as exc:
@@ -292,7 +321,6 @@ class Daemon:
                 section=section,
                 scraper=VllmScraper(section.name, section.url, self._session, g.scrape_timeout, api_key),
                 processes=ProcessSource(section.process) if section.process else None,
-                tracker=tracker,
             )
             self._engine_logs.setdefault(section.name, _FailureLog(f"engine:{section.name}"))
         self._engines = engines
@@ -313,27 +341,29 @@ class Daemon:
         nvml, procs, scraped = await asyncio.gather(self._read_nvml(), self._read_processes(engines), scrapes)
         readings = [_with_processes(r, procs.get(r.name)) for r in scraped]
         sample = Sample(t=started, wall=wall, nvml=nvml, engines=tuple(readings))
-        by_pid = gpu_memory_by_pid(nvml)
-        signals: dict[str, EngineSignals] = {}
+        previous = self.snapshot.engines if self.snapshot else {}
+        finished = self.executor.finished(before=started) if self.executor else {}
+        result = self.pipeline.step(sample, finished)
         for engine, reading in zip(engines, readings):
-            before = engine.tracker.restarts
-            signals[engine.section.name] = engine.tracker.update(started, reading, by_pid)
-            self._observe_engine(engine, reading, before)
+            name = engine.section.name
+            before = previous[name].restarts_total if name in previous else 0
+            self._observe_engine(engine, reading, before, result.signals[name].restarts_total)
         self._nvml_failures = 0 if nvml.ok else self._nvml_failures + 1
         self._nvml_log.observe(None if nvml.ok else "nvml", nvml.error)
-        memory = self._memory.update(sample, signals)
-        self._observe_memory(sample, memory)
+        self._observe_memory(sample, result.memory)
+        if self._record is not None:
+            self._write_record(sample)
+        self._carry_out(result.decision)
         elapsed = time.monotonic() - started
         self.snapshot = Snapshot(
             sample=sample,
-            engines=signals,
+            engines=result.signals,
             nvml_lost=self._nvml_failures >= self.config.guardian.telemetry_lost_after_polls,
             poll_seconds=elapsed,
-            memory=memory,
+            memory=result.memory,
             urls={e.section.name: e.section.url for e in engines},
+            policy=self._policy_view(),
         )
-        if self._record is not None:
-            self._write_record(sample)
         self.last_poll_monotonic = time.monotonic()
         self.metrics.polls.inc()
         self.metrics.poll_duration.observe(elapsed)
@@ -346,11 +376,143 @@ class Daemon:
         log.debug("poll_completed", duration_seconds=round(elapsed, 4), status=status)
         return self.snapshot
 
-    def _write_record(self, sample: Sample) -> None:
+    # -- decisions and actions ----------------------------------------------------
+
+    def _carry_out(self, decision: Decision) -> None:
+        """Log and count the decision, save the state it leads to, then start its actions (write-ahead)."""
+        if decision.empty:
+            return
+        for name, tr in decision.transitions:
+            self.metrics.transitions.labels(name, f"L{int(tr.source)}", f"L{int(tr.target)}", _reason(tr.rule)).inc()
+            (log.warning if tr.target > tr.source else log.info)(
+                "breaker_transition", engine=name, source=f"L{int(tr.source)}", target=f"L{int(tr.target)}",
+                rule=tr.rule, forced=tr.forced, dry_run=self.dry_run,
+                **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in tr.numbers.items()},
+            )  # fmt: skip
+        for action in decision.actions:
+            if action.kind == "restart" and not self.dry_run:
+                self.metrics.restarts.labels(action.engine, action.reason).inc()
+        if self._record is not None:
+            self._write_record(decision)
+        self._save_state(decision.wall - decision.t)
+        if self.executor is not None:
+            self.executor.submit(decision.actions, decision.wall)
+
+    def _on_outcome(self, action: Action, outcome: Outcome) -> None:
+        self.metrics.actions.labels(action.engine, action.kind, outcome.status).inc()
+
+    def _policy_view(self) -> PolicyView:
+        return PolicyView(
+            states=dict(self.pipeline.states),
+            budget=self.config.actions.restart_budget,
+            budget_left={name: self.pipeline.budget_left(name) for name in self.pipeline.states},
+            dry_run=self.dry_run,
+            restarting=self.executor.restarting if self.executor else [],
+        )
+
+    async def _breaker_api(self, token: str | None, engine: str, body: Any) -> tuple[int, dict[str, Any]]:
+        """``POST /api/v1/breaker/ENGINE``: force or clear, for an operator holding the API token."""
+        expected = self.config.guardian.read_api_token()
+        if expected is None:
+            return 403, {"error": "the API is off: set guardian.api_token_file (or LoadCredential=api-token)"}
+        if token is None or not hmac.compare_digest(token.encode(), expected.encode()):
+            return 401, {"error": "missing or wrong bearer token"}
+        if engine not in self.pipeline.states:
+            return 404, {"error": f"no engine {engine!r}; known: {', '.join(sorted(self.pipeline.states)) or 'none'}"}
+        if not isinstance(body, dict) or body.get("action") not in ("force", "clear"):
+            return 400, {"error": 'send {"action": "force", "level": 0-3, "who": "..."} or {"action": "clear", "who": "..."}'}
+        level = body.get("level")
+        if body["action"] == "force" and (not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= 3):
+            return 400, {"error": "force needs an integer level from 0 to 3"}
+        who = str(body.get("who") or "api")[:64]
+        cmd = Command(body["action"], engine, who, level if body["action"] == "force" else None)
+        t = time.monotonic()
+        decision = self.pipeline.command(cmd, t, time.time())
+        self._carry_out(decision)
+        state = self.pipeline.states[engine]
+        return 200, {"engine": engine, "level": int(state.breaker.level), "forced": state.breaker.forced,
+                     "forced_by": state.breaker.forced_by, "dry_run": self.dry_run}  # fmt: skip
+
+    def _restore_state(self) -> None:
+        """Start from the saved level and restart history; a corrupt file is set aside and spends the budget."""
+        try:
+            loaded = self._state.load()
+        except OSError as exc:
+            log.error("state_unreadable", file=str(self._state.path), reason=exc.strerror or str(exc),
+                      detail="starting at L0 with no restart history")  # fmt: skip
+            return
+        offset = time.time() - time.monotonic()
+        if loaded.quarantined is not None:
+            log.error("state_quarantined", file=str(self._state.path), moved_to=str(loaded.quarantined),
+                      reason=loaded.reason, detail="starting conservatively: the restart budget counts as spent for one window")  # fmt: skip
+            self._spend_budget()
+            return
+        if loaded.data is None:
+            return
+        try:
+            engines = {name: response.from_disk(doc, offset) for name, doc in loaded.data["engines"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            aside = self._state._quarantine(f"unexpected content ({type(exc).__name__}: {exc})")
+            log.error("state_quarantined", file=str(self._state.path), moved_to=str(aside.quarantined),
+                      reason=aside.reason, detail="starting conservatively: the restart budget counts as spent for one window")  # fmt: skip
+            self._spend_budget()
+            return
+        for name, state in engines.items():
+            if name in self.pipeline.states:
+                self.pipeline.states[name] = state
+                log.info("state_restored", engine=name, level=f"L{int(state.breaker.level)}",
+                         forced_by=state.breaker.forced_by, restarts_in_window=len(state.restarts),
+                         degraded=state.degraded, gpu_memory_utilization=state.gpu_memory_utilization)  # fmt: skip
+        self._saved = loaded.data
+
+    def _spend_budget(self) -> None:
+        now = time.monotonic()
+        for name, state in self.pipeline.states.items():
+            self.pipeline.states[name] = replace(state, restarts=(now,) * self.config.actions.restart_budget)
+
+    def _save_state(self, wall_offset: float) -> None:
+        data = {"engines": {name: response.to_disk(s, wall_offset) for name, s in self.pipeline.states.items()}}
+        if data == self._saved:
+            return
+        try:
+            self._state.save(data)
+        except OSError as exc:
+            self._state_log.observe("state", f"{self._state.path}: {exc.strerror or exc}")
+            return
+        self._state_log.observe(None, None)
+        self._saved = data
+
+    def _build_executor(self, config: cfg.Config) -> Executor:
+        executor = Executor(
+            self._actuators(config), self._gateway, self._channel, config.actions.degraded.layer(),
+            config.actions.timeouts, dry_run=self.dry_run, on_outcome=self._on_outcome,
+        )  # fmt: skip
+        for name, state in self.pipeline.states.items():
+            executor.assume_applied(name, response.restart_details(state, response.Evidence()))
+        return executor
+
+    def _actuators(self, config: cfg.Config) -> dict[str, EngineActuators]:
+        assert self._session is not None
+        out = {}
+        for section in config.engines:
+            engine = self._engines[section.name]
+            restart = section.restart
+            out[section.name] = EngineActuators(
+                name=section.name,
+                healthy=engine.scraper.health,
+                load=_load_of(engine.scraper),
+                admin=VllmAdmin(section.url, self._session) if section.dev_mode else None,
+                launcher=self._launchers.get(section.name) or _launcher(section, config.guardian.state_dir),
+                base_args=dict(restart.args) if restart else {},
+                backend=restart.attention_backend if restart else "flash_attn",
+            )
+        return out
+
+    def _write_record(self, item: Sample | Decision) -> None:
         """A full disk must not stop the loop (and with it the watchdog): say so once per failure spell."""
         assert self._record is not None
         try:
-            self._record.write(sample)
+            self._record.write(item)
         except OSError as exc:
             self._record_log.observe("record", f"{self._record.path}: {exc.strerror or exc}")
         else:
@@ -383,13 +545,13 @@ class Daemon:
         except (WorkerBusy, asyncio.TimeoutError):
             return {n: (None, "process scan did not finish in time") for n, _ in sources}
 
-    def _observe_engine(self, engine: _Engine, reading: EngineReading, restarts_before: int) -> None:
+    def _observe_engine(self, engine: _Engine, reading: EngineReading, restarts_before: int, restarts: int) -> None:
         name = engine.section.name
         if reading.error_kind:
             self.metrics.scrape_errors.labels(name, reading.error_kind).inc()
         self._engine_logs[name].observe(reading.error_kind, reading.error, url=engine.section.url)
-        if engine.tracker.restarts > restarts_before:
-            log.warning("engine_restart_detected", engine=name, restarts=engine.tracker.restarts)
+        if restarts > restarts_before:
+            log.warning("engine_restart_detected", engine=name, restarts=restarts)
 
     def _observe_memory(self, sample: Sample, memory: MemoryReport) -> None:
         """One event per step found or given back, and when a series starts or stops looking like a leak."""
@@ -435,7 +597,7 @@ class Daemon:
         if snap is None:
             return "starting"
         parts = [f"{len(snap.nvml.gpus)} GPU" + ("" if snap.nvml.ok else " (NVML lost)")]
-        parts += [f"{name}: {sig.brief()}" for name, sig in snap.engines.items()]
+        parts += [f"{name}: L{int(self.pipeline.level(name))} {sig.brief()}" for name, sig in snap.engines.items()]
         return "; ".join(parts)
 
 
@@ -445,6 +607,32 @@ def _with_processes(
     if procs is None:
         return reading
     return replace(reading, processes=procs[0], process_error=procs[1])
+
+
+def _launcher(section: cfg.EngineSection, state_dir: Path) -> Launcher | None:
+    restart = section.restart
+    if restart is None:
+        return None
+    if restart.launcher == "systemd":
+        assert restart.unit and restart.env_file
+        return SystemdLauncher(restart.unit, restart.env_file)
+    assert restart.command
+    return ChildLauncher(restart.command, state_dir / f"{section.name}.pid")
+
+
+def _load_of(scraper: VllmScraper) -> Any:
+    async def load() -> float | None:
+        """Requests the engine still holds (running + waiting), from one scrape; None when unknown."""
+        reading = await scraper.scrape()
+        counts = [(c.running or 0) + (c.waiting or 0) for c in reading.cores if c.running is not None]
+        return sum(counts) if reading.up and counts else None
+
+    return load
+
+
+def _reason(rule: str) -> str:
+    """A bounded label value: operators' names stay in the log, not in metric labels."""
+    return rule.split(" ", 1)[0] if rule.startswith(("forced", "cleared")) else rule
 
 
 def _wall(sample: Sample, t: float) -> str:

@@ -13,7 +13,7 @@ import math
 import platform
 import time
 from dataclasses import asdict
-from typing import Any, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -57,6 +57,17 @@ class Metrics:
             registry=r,
         )
         self.reloads = Counter("guardian_config_reloads", "Config reloads (SIGHUP), by outcome.", ["outcome"], registry=r)
+        self.transitions = Counter(
+            "guardian_breaker_transitions", "Breaker level changes, by engine, from, to and the rule behind them.",
+            ["engine", "from", "to", "reason"], registry=r,
+        )  # fmt: skip
+        self.actions = Counter(
+            "guardian_actions", "Actions carried out (or planned, under --dry-run), by kind and outcome.",
+            ["engine", "kind", "outcome"], registry=r,
+        )  # fmt: skip
+        self.restarts = Counter(
+            "guardian_restarts", "Drained restarts guardian began, by why.", ["engine", "why"], registry=r
+        )
         self.last_poll = Gauge(
             "guardian_last_poll_timestamp_seconds", "Unix time the latest poll finished.", registry=r
         )
@@ -74,7 +85,7 @@ class _SnapshotCollector:
         snap = self._snapshot()
         if snap is None:
             return []
-        return [*_gpu_metrics(snap), *_engine_metrics(snap), *_memory_metrics(snap)]
+        return [*_gpu_metrics(snap), *_engine_metrics(snap), *_memory_metrics(snap), *_policy_metrics(snap)]
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
@@ -237,6 +248,24 @@ def _memory_metrics(snap: Snapshot) -> list[Metric]:
     return [suspected, confidence, held, overhang, level, slope, tte, frag, kv, waste]
 
 
+def _policy_metrics(snap: Snapshot) -> list[Metric]:
+    if snap.policy is None:
+        return []
+    e = ["engine"]
+    level = _gauge("guardian_breaker_level", "The breaker's level: 0 normal, 1 fragmentation, 2 pressure, 3 emergency.", e)
+    forced = _gauge("guardian_breaker_forced", "1 while the level is pinned (by an operator or the restart budget).", e)
+    left = _gauge("guardian_restart_budget_remaining", "Restarts guardian may still begin inside the budget window.", e)
+    restarting = _gauge("guardian_restart_in_progress", "1 while a drained restart of the engine is under way.", e)
+    dry = _gauge("guardian_dry_run", "1 when actions are only planned and logged (--dry-run).", [])
+    dry.add_metric([], 1.0 if snap.policy.dry_run else 0.0)
+    for name, state in snap.policy.states.items():
+        level.add_metric([name], float(state.breaker.level))
+        forced.add_metric([name], 1.0 if state.breaker.forced else 0.0)
+        left.add_metric([name], float(snap.policy.budget_left.get(name, 0)))
+        restarting.add_metric([name], 1.0 if name in snap.policy.restarting else 0.0)
+    return [level, forced, left, restarting, dry]
+
+
 # -- /status -------------------------------------------------------------------
 
 
@@ -277,6 +306,21 @@ def status(snap: Snapshot | None, started_wall: float, interval: float) -> dict[
         for g in s.nvml.gpus
     ]
     out["engines"] = [_engine_status(snap, r.name) for r in s.engines]
+    if snap.policy is not None:
+        out["breaker"] = {
+            name: {
+                "level": int(st.breaker.level),
+                "since": None if st.breaker.since is None else _iso(s.wall_at(st.breaker.since)),
+                "forced_by": st.breaker.forced_by if st.breaker.forced else None,
+                "restarts_in_window": len(st.restarts),
+                "restart_budget_left": snap.policy.budget_left.get(name),
+                "restart_in_progress": name in snap.policy.restarting,
+                "profile": "degraded" if st.degraded else "base",
+                "gpu_memory_utilization_override": st.gpu_memory_utilization,
+                "dry_run": snap.policy.dry_run,
+            }
+            for name, st in snap.policy.states.items()
+        }
     if snap.memory is not None:
         out["memory"] = {
             series: {
@@ -382,6 +426,7 @@ def make_app(
     last_poll_monotonic: Callable[[], float | None],
     interval: Callable[[], float],
     started_wall: float,
+    breaker_api: Callable[[str | None, str, Any], Awaitable[tuple[int, dict[str, Any]]]] | None = None,
 ) -> web.Application:
     async def get_metrics(_: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -401,10 +446,23 @@ def make_app(
     async def get_status(_: web.Request) -> web.Response:
         return web.json_response(status(snapshot(), started_wall, interval()), dumps=_dumps)
 
-    app = web.Application()
+    async def post_breaker(request: web.Request) -> web.Response:
+        assert breaker_api is not None
+        auth = request.headers.get("Authorization", "")
+        token = auth[len("Bearer "):].strip() if auth.startswith("Bearer ") else None
+        try:
+            body = await request.json() if request.can_read_body else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return web.json_response({"error": "the body is not JSON"}, status=400)
+        code, doc = await breaker_api(token, request.match_info["engine"], body)
+        return web.json_response(doc, status=code)
+
+    app = web.Application(client_max_size=64 * 1024)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", get_healthz)
     app.router.add_get("/status", get_status)
+    if breaker_api is not None:
+        app.router.add_post("/api/v1/breaker/{engine}", post_breaker)
     return app
 
 

@@ -1,7 +1,11 @@
 """``guardian run --record FILE``: every Sample as one JSON line, in bounded rotating files.
 
-The file is what ``guardian analyze`` (and later ``replay``) reads: real
-readings from the host, not a summary. When the file passes ``max_bytes`` it
+The file is what ``guardian analyze`` and ``guardian replay`` read: real
+readings from the host, not a summary. Beside the samples it holds the
+policy's decisions (``"kind": "decision"``: transitions, actions, and the
+restart outcomes and operator commands the policy took in), and each file
+opens with a header naming the policy's parameters, so replay decides with
+what the live run decided with. When the file passes ``max_bytes`` it
 becomes ``FILE.1`` (``FILE.1`` becomes ``FILE.2``, …) and at most
 ``backups`` old files are kept, so recording can stay on for weeks.
 """
@@ -14,7 +18,8 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from guardian.sample import Sample
+from guardian.pipeline import Decision
+from guardian.sample import CoreReading, EngineReading, GpuProcess, GpuReading, Histogram, MigReading, NvmlReading, ProcReading, Sample
 
 
 class SampleRecorder:
@@ -22,14 +27,18 @@ class SampleRecorder:
         self.path = path
         self.max_bytes = max_bytes
         self.backups = backups
+        self.header: dict[str, Any] | None = None  # written at the top of every new file
         self._file: IO[str] | None = None
 
-    def write(self, sample: Sample) -> None:
+    def write(self, item: Sample | Decision) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a", encoding="utf-8")
+            if self.header is not None and self._file.tell() == 0:
+                self._file.write(json.dumps({"kind": "header", **self.header}, separators=(",", ":")) + "\n")
+        record = item.to_record() if isinstance(item, Decision) else to_record(item)
         try:
-            self._file.write(json.dumps(to_record(sample), separators=(",", ":")) + "\n")
+            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
             self._file.flush()
         except OSError:
             self.close()  # reopened next time: the disk may have room again
@@ -60,3 +69,49 @@ def to_record(sample: Sample) -> dict[str, Any]:
     record = dataclasses.asdict(sample)
     record["kind"] = "sample"
     return record
+
+
+def from_record(record: dict[str, Any]) -> Sample:
+    """A sample record back into a Sample (raises KeyError/TypeError on a record of another shape)."""
+    nvml = record["nvml"]
+    gpus = tuple(
+        GpuReading(
+            **{
+                **g,
+                "processes": _procs(g["processes"]),
+                "mig": tuple(MigReading(**{**m, "processes": _procs(m["processes"])}) for m in g["mig"]),
+            }
+        )
+        for g in nvml["gpus"]
+    )
+    engines = tuple(
+        EngineReading(
+            **{
+                **e,
+                "cores": tuple(
+                    CoreReading(
+                        **{
+                            **c,
+                            "histograms": {
+                                k: Histogram(**{**h, "buckets": tuple(tuple(b) for b in h["buckets"])})
+                                for k, h in c["histograms"].items()
+                            },
+                        }
+                    )
+                    for c in e["cores"]
+                ),
+                "processes": None if e["processes"] is None else tuple(ProcReading(**p) for p in e["processes"]),
+            }
+        )
+        for e in record["engines"]
+    )
+    return Sample(
+        t=record["t"],
+        wall=record["wall"],
+        nvml=NvmlReading(gpus=gpus, driver_version=nvml["driver_version"], error=nvml["error"]),
+        engines=engines,
+    )
+
+
+def _procs(items: list[dict[str, Any]] | None) -> tuple[GpuProcess, ...] | None:
+    return None if items is None else tuple(GpuProcess(**p) for p in items)

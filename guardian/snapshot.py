@@ -6,7 +6,19 @@ from dataclasses import dataclass, field
 
 from guardian.analysis.engine_stats import EngineSignals
 from guardian.analysis.memory import MemoryReport
+from guardian.policy.response import EngineState
 from guardian.sample import NvmlReading, Sample
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyView:
+    """The breaker and its actions after the poll: levels, restart budget, what is under way."""
+
+    states: dict[str, EngineState]
+    budget: int  # restarts allowed per window
+    budget_left: dict[str, int]
+    dry_run: bool
+    restarting: list[str]  # engines with a drained restart under way
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +29,7 @@ class Snapshot:
     poll_seconds: float  # how long the poll took (wall)
     memory: MemoryReport | None = None  # leak detectors and fragmentation
     urls: dict[str, str] = field(default_factory=dict)  # engine name -> base URL
+    policy: PolicyView | None = None
 
     @property
     def nvml(self) -> NvmlReading:

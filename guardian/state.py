@@ -31,22 +31,7 @@ class StateFile:
         self.version = version
 
     def save(self, data: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        payload = json.dumps({"version": self.version, "data": data}, sort_keys=True).encode()
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        _fsync_dir(self.path.parent)
+        atomic_write(self.path, json.dumps({"version": self.version, "data": data}, sort_keys=True).encode())
 
     def load(self) -> Loaded:
         try:
@@ -68,6 +53,26 @@ class StateFile:
         os.replace(self.path, aside)
         _fsync_dir(self.path.parent)
         return Loaded(None, quarantined=aside, reason=reason)
+
+
+def atomic_write(path: Path, payload: bytes, mode: int = 0o600) -> None:
+    """Temp file beside ``path``, fsync, rename over it, fsync the directory: the old or the new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -209,7 +209,7 @@ async def test_watchdog_is_pinged_only_by_completed_polls(cluster: SimCluster, t
     finally:
         await daemon.close()
         sock.close()
-    assert ready[0] == "READY=1" and ready[1].startswith("STATUS=1 GPU; sim0: kv")
+    assert ready[0] == "READY=1" and ready[1].startswith("STATUS=1 GPU; sim0: L0 kv")
     assert ping[0] == "WATCHDOG=1" and ping2[0] == "WATCHDOG=1"
 
 

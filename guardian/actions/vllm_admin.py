@@ -9,26 +9,13 @@ can log it and move on.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
 
+from guardian.actions.outcome import Outcome
+
 NOT_ENABLED = "start vLLM with VLLM_SERVER_DEV_MODE=1 to enable this action"
-
-Status = Literal["done", "not_enabled", "refused", "failed", "timeout"]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    action: str
-    status: Status
-    detail: str
-    body: Any = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "done"
 
 
 class VllmAdmin:

@@ -11,7 +11,15 @@ a time the evidence must be sustained before it counts:
 | --- | --- | --- |
 | L1 | fragmentation_ratio > l1_enter | fragmentation_ratio >= l1_exit |
 | L2 | kv_usage > l2_enter, or the engine's memory past its budget + margin | kv_usage >= l2_exit, or still past the budget |
-| L3 | NVML free < the reserve, engine dead, OOM, preemption storm | free < l3_exit_free, dead, storm above the calm rate |
+| L3 | NVML free < the reserve, engine dead, OOM, preemption storm | free < the exit share, dead, storm above the calm rate |
+
+The reserve is ``l3_free_reserve_ratio`` of the GPU, but never more than half
+of what the engine's own configuration leaves free (``expected_free_ratio``:
+1 - gpu_memory_utilization - the driver's reservation). vLLM 0.33 takes 92%
+by default, so a healthy default host has about 7% free: a flat 10% rule
+would put every such host in L3 the moment guardian starts. Measured against
+what the configuration leaves, the reserve still catches memory outside the
+pool eating the headroom, and L2's smaller budget margin fires first.
 
 - Escalation goes straight to the highest level whose evidence is
   sustained; an OOM is hard evidence and needs no sustain.
@@ -74,6 +82,8 @@ class Evidence:
     kv_usage: float | None = None
     over_budget_ratio: float | None = None  # (engine memory - budget) / engine capacity
     free_ratio: float | None = None  # lowest NVML free / total over the engine's GPUs
+    expected_free_ratio: float | None = None  # what the engine's configuration leaves free (see module doc)
+    gpu_memory_utilization: float | None = None  # the engine's vLLM setting, from cache_config_info
     health_failures: int | None = None  # /health failures in a row
     oom: bool | None = None  # the engine died with its GPU memory exhausted
     preemptions_per_second: float | None = None
@@ -97,6 +107,17 @@ class BreakerState:
     pending: dict[str, float] = field(default_factory=dict)  # rule -> since when its evidence holds
     clear_since: float | None = None  # since when the current level's stay conditions are all clear
     forced: bool = False
+    forced_by: str | None = None  # who pinned the level: an operator, or the restart budget
+
+
+def reserve(e: Evidence, p: BreakerParams) -> tuple[float, float]:
+    """The free share below which L3 enters, and the share free must reach again to leave it."""
+    if e.expected_free_ratio is None:
+        return p.l3_free_reserve_ratio, p.l3_exit_free_ratio
+    return (
+        min(p.l3_free_reserve_ratio, e.expected_free_ratio * 0.5),
+        min(p.l3_exit_free_ratio, e.expected_free_ratio * 0.75),
+    )
 
 
 def _enter_rules(e: Evidence, p: BreakerParams) -> dict[str, tuple[Level, bool | None]]:
@@ -113,7 +134,7 @@ def _enter_rules(e: Evidence, p: BreakerParams) -> dict[str, tuple[Level, bool |
         "fragmentation": (Level.L1, above(e.fragmentation_ratio, p.l1_enter_fragmentation_ratio)),
         "kv_usage": (Level.L2, above(e.kv_usage, p.l2_enter_kv_usage_ratio)),
         "over_budget": (Level.L2, above(e.over_budget_ratio, p.l2_budget_margin_ratio)),
-        "free_reserve": (Level.L3, below(e.free_ratio, p.l3_free_reserve_ratio)),
+        "free_reserve": (Level.L3, below(e.free_ratio, reserve(e, p)[0])),
         "engine_dead": (Level.L3, dead),
         "oom": (Level.L3, e.oom),
         "preemption_storm": (Level.L3, above(e.preemptions_per_second, p.l3_storm_preemptions_per_second)),
@@ -131,7 +152,7 @@ def _stays(level: Level, e: Evidence, p: BreakerParams) -> bool | None:
         ]
     elif level == Level.L3:
         checks = [
-            None if e.free_ratio is None else e.free_ratio < p.l3_exit_free_ratio,
+            None if e.free_ratio is None else e.free_ratio < reserve(e, p)[1],
             None if e.health_failures is None else e.health_failures > 0,
             None if e.preemptions_per_second is None else e.preemptions_per_second > p.l3_calm_preemptions_per_second,
         ]
@@ -183,7 +204,7 @@ def step(state: BreakerState, e: Evidence, t: float, p: BreakerParams) -> tuple[
 def force(state: BreakerState, level: Level, t: float, who: str) -> tuple[BreakerState, Transition]:
     """Pin ``level`` until ``clear``: an operator's decision wins over the rules."""
     transition = Transition(t, state.level, level, f"forced by {who}", {}, forced=True)
-    return BreakerState(level=level, since=t, forced=True), transition
+    return BreakerState(level=level, since=t, forced=True, forced_by=who), transition
 
 
 def clear(state: BreakerState, t: float, who: str) -> tuple[BreakerState, Transition]:

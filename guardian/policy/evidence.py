@@ -33,15 +33,17 @@ def evidence(
     if failures is not None:
         past.health_failures[name] = failures
     place = memory.placement.get(name) if memory else None
+    util = next((c.gpu_memory_utilization for c in reading.cores if c.gpu_memory_utilization), None)
     free = None
+    expected_free = None
     over_budget = None
     if place is not None:
-        ratios = [
-            g.memory_free_bytes / g.memory_total_bytes
-            for g in sample.nvml.gpus
-            if g.index in place.gpus and g.memory_free_bytes is not None and g.memory_total_bytes
-        ]
+        gpus = [g for g in sample.nvml.gpus if g.index in place.gpus and g.memory_total_bytes]
+        ratios = [g.memory_free_bytes / g.memory_total_bytes for g in gpus if g.memory_free_bytes is not None]
         free = min(ratios) if len(ratios) == len(place.gpus) else None
+        if util is not None and gpus:
+            driver = max((g.memory_reserved_bytes or 0) / g.memory_total_bytes for g in gpus)  # type: ignore[operator]
+            expected_free = max(0.0, 1.0 - util - driver)
         if sig.gpu_memory_bytes is not None:
             over_budget = (sig.gpu_memory_bytes - place.budget_bytes) / place.capacity_bytes
     # an OOM: the engine died or restarted while its GPUs were out of memory the poll before
@@ -58,6 +60,8 @@ def evidence(
         kv_usage=sig.kv_cache_usage,
         over_budget_ratio=over_budget,
         free_ratio=free,
+        expected_free_ratio=expected_free,
+        gpu_memory_utilization=util,
         health_failures=failures,
         oom=oom,
         preemptions_per_second=sig.preemptions_per_second,

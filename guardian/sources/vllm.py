@@ -30,7 +30,7 @@ class VllmScraper:
 
     async def scrape(self) -> EngineReading:
         started = time.perf_counter()
-        metrics, health = await asyncio.gather(self._metrics(), self._health())
+        metrics, health = await asyncio.gather(self._metrics(), self.health())
         elapsed = time.perf_counter() - started
         if isinstance(metrics, _Failure):
             return EngineReading(
@@ -85,7 +85,7 @@ class VllmScraper:
         except promtext.ParseError as exc:
             return _Failure("truncated" if exc.truncated else "parse", f"GET /metrics is not Prometheus text: {exc}")
 
-    async def _health(self) -> bool | None:
+    async def health(self) -> bool | None:
         """True on 200, False on an answer that is not 200, None when there was no answer."""
         try:
             async with self._session.get(self.url + "/health", timeout=self._timeout, headers=self._headers) as resp:

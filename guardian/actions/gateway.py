@@ -1,0 +1,53 @@
+"""The breaker's gates in the request path, as an interface; the admission gateway implements it.
+
+vLLM has no endpoint to refuse long prompts or to pause one priority class,
+so these gates live in guardian's own gateway in front of vLLM (a later
+piece). Until one is configured, ``NoGateway`` answers every call with
+``not_configured`` and says so in the log: the breaker still acts through
+vLLM's own endpoints and restarts, and nobody believes a gate is shut that
+is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from guardian.actions.outcome import Outcome
+
+
+@dataclass(frozen=True)
+class Gates:
+    refuse_long_context: bool = False  # L1 and above
+    pause_low_priority: bool = False  # L2 and above
+    high_priority_only: bool = False  # L3
+
+    @classmethod
+    def for_level(cls, level: int) -> Gates:
+        return cls(refuse_long_context=level >= 1, pause_low_priority=level >= 2, high_priority_only=level >= 3)
+
+
+class Gateway(Protocol):
+    async def set_gates(self, engine: str, gates: Gates) -> Outcome: ...
+
+    async def drain(self, engine: str) -> Outcome:
+        """Stop admitting new requests to the engine; queue or refuse them elsewhere."""
+        ...
+
+    async def admit(self, engine: str) -> Outcome:
+        """Admit to the engine again after a drain."""
+        ...
+
+
+NO_GATEWAY = "no admission gateway is configured: clients reach vLLM directly, so this gate cannot be applied"
+
+
+class NoGateway:
+    async def set_gates(self, engine: str, gates: Gates) -> Outcome:
+        return Outcome("gates", "not_configured", NO_GATEWAY)
+
+    async def drain(self, engine: str) -> Outcome:
+        return Outcome("drain", "not_configured", NO_GATEWAY)
+
+    async def admit(self, engine: str) -> Outcome:
+        return Outcome("admit", "not_configured", NO_GATEWAY)

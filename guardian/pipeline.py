@@ -1,0 +1,124 @@
+"""One path from a poll's Sample to its signals, memory report and Decision: the daemon's and replay's.
+
+``guardian run`` feeds it live samples, ``guardian replay`` recorded ones;
+both hand it the same extra inputs (restart outcomes, operator commands), so
+both decide the same. Nothing here touches the world: the daemon carries the
+decision out, replay prints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from guardian import config as cfg
+from guardian.analysis.engine_stats import EngineSignals, EngineTracker
+from guardian.analysis.memory import MemoryReport, MemoryWatch
+from guardian.policy import response
+from guardian.policy.breaker import Evidence, Level, Transition
+from guardian.policy.evidence import EvidenceMemory, evidence
+from guardian.policy.response import Action, Command, EngineState
+from guardian.sample import Sample
+from guardian.snapshot import gpu_memory_by_pid
+
+# An engine that dies while its GPUs had less than this share free the poll
+# before died of an OOM: restart it with less memory, not just again.
+OOM_FREE_RATIO = 0.02
+
+
+@dataclass(frozen=True)
+class Decision:
+    t: float
+    wall: float
+    transitions: tuple[tuple[str, Transition], ...] = ()
+    actions: tuple[Action, ...] = ()
+    finished: Mapping[str, bool] = field(default_factory=dict)  # restart outcomes this decision took in
+    command: Command | None = None  # the operator's, when this decision answers one
+
+    @property
+    def empty(self) -> bool:
+        return not (self.transitions or self.actions or self.finished or self.command)
+
+    def to_record(self) -> dict[str, Any]:
+        """One line of the decision log (and of a record file): what replay reads back and compares."""
+        return {
+            "kind": "decision",
+            "t": self.t,
+            "wall": self.wall,
+            "finished": dict(self.finished),
+            "command": self.command.to_json() if self.command else None,
+            "transitions": [
+                {"engine": name, "from": int(tr.source), "to": int(tr.target), "rule": tr.rule, "numbers": tr.numbers}
+                for name, tr in self.transitions
+            ],
+            "actions": [a.to_json() for a in self.actions],
+        }
+
+
+@dataclass(frozen=True)
+class PollResult:
+    signals: dict[str, EngineSignals]
+    memory: MemoryReport
+    evidence: dict[str, Evidence]
+    decision: Decision
+
+
+class Pipeline:
+    def __init__(self, config: cfg.Config, host_memory_bytes: float | None) -> None:
+        self.host_memory = host_memory_bytes
+        self.trackers: dict[str, EngineTracker] = {}
+        self.states: dict[str, EngineState] = {}
+        self.config = config
+        self._past = EvidenceMemory()
+        self._memory = MemoryWatch(config.leak, config.fragmentation.kv_pool_share, host_memory_bytes)
+        self.reconfigure(config)
+
+    def reconfigure(self, config: cfg.Config) -> None:
+        """A reloaded config: windows and detectors start over only where their parameters changed."""
+        g = config.guardian
+        trackers = {}
+        for section in config.engines:
+            old = self.trackers.get(section.name)
+            same = old is not None and (old.window, old.lost_after) == (g.latency_window_seconds, g.telemetry_lost_after_polls)
+            trackers[section.name] = old if same and old is not None else EngineTracker(
+                section.name, g.latency_window_seconds, g.telemetry_lost_after_polls
+            )  # fmt: skip
+            self.states.setdefault(section.name, EngineState())
+        self.trackers = trackers
+        self.states = {name: self.states[name] for name in trackers}
+        if (config.leak, config.fragmentation) != (self.config.leak, self.config.fragmentation):
+            self._memory = MemoryWatch(config.leak, config.fragmentation.kv_pool_share, self.host_memory)
+        self.config = config
+
+    def step(self, sample: Sample, finished: Mapping[str, bool] | None = None) -> PollResult:
+        by_pid = gpu_memory_by_pid(sample.nvml)
+        signals = {
+            r.name: self.trackers[r.name].update(sample.t, r, by_pid) for r in sample.engines if r.name in self.trackers
+        }
+        memory = self._memory.update(sample, signals)
+        finished = dict(finished or {})
+        seen: dict[str, Evidence] = {}
+        transitions: list[tuple[str, Transition]] = []
+        actions: list[Action] = []
+        for name, sig in signals.items():
+            e = seen[name] = evidence(name, sample, sig, memory, self._past, OOM_FREE_RATIO)
+            out = response.respond(
+                name, self.states[name], e, sample.t, self.config.breaker, self.config.actions.params, finished.get(name)
+            )
+            self.states[name] = out.state
+            transitions += [(name, tr) for tr in out.transitions]
+            actions += out.actions
+        decision = Decision(sample.t, sample.wall, tuple(transitions), tuple(actions), finished)
+        return PollResult(signals, memory, seen, decision)
+
+    def command(self, cmd: Command, t: float, wall: float) -> Decision:
+        """Raises KeyError for an engine guardian does not watch."""
+        out = response.command(self.states[cmd.engine], cmd, t)
+        self.states[cmd.engine] = out.state
+        return Decision(t, wall, tuple((cmd.engine, tr) for tr in out.transitions), out.actions, command=cmd)
+
+    def level(self, name: str) -> Level:
+        return self.states[name].breaker.level
+
+    def budget_left(self, name: str) -> int:
+        return max(0, self.config.actions.restart_budget - len(self.states[name].restarts))
