@@ -150,6 +150,8 @@ def _read_jsonl(path: Path, text: str, series: dict[tuple[str, str], Series], pr
         except json.JSONDecodeError as exc:
             problems.append(f"{path}:{lineno}: not JSON ({exc.msg})")
             continue
+        if isinstance(record, dict) and record.get("kind") in ("header", "decision"):
+            continue  # the policy's lines in a record file: replay reads them, the leak analysis needs none
         if not isinstance(record, dict) or record.get("kind") != "sample":
             kind = record.get("kind") if isinstance(record, dict) else type(record).__name__
             problems.append(f"{path}:{lineno}: not a guardian sample record (kind={kind!r})")

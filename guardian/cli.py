@@ -35,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--record", type=Path, metavar="FILE", help="write every sample to FILE as JSON lines (for guardian analyze)")
     run.add_argument("--record-max-mb", type=float, default=256, metavar="MB", help="rotate the record file at this size (default: 256)")
     run.add_argument("--record-keep", type=int, default=3, metavar="N", help="rotated record files to keep (default: 3)")
+    run.add_argument("--dry-run", action="store_true", help="decide and log every breaker action (event action_planned) but carry none out")
 
     check = sub.add_parser("check-config", help="validate a config file and exit", description="Validate a config file: exit 0 when valid, 2 with every problem listed when not.")
     check.add_argument("path", type=Path, metavar="PATH")
@@ -73,6 +74,32 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--json", action="store_true", help="print JSON instead of text")
     analyze.add_argument("--warmup", type=float, default=300.0, metavar="SECONDS", help="at the start of a log and after a restart, ignore this long: a server's start-up is not a leak (default: 300)")
 
+    replay = sub.add_parser(
+        "replay",
+        help="run the breaker policy offline over a record file and print its decisions",
+        description="Feed the samples of guardian run --record files through the same policy the daemon runs and print "
+        "the decision timeline (transitions and actions). With the parameters recorded in the file the decisions "
+        "must equal the live run's, and replay says whether they do; --config tries other thresholds. "
+        "Exit status: 0 done (and identical, without --config), 1 differs from the recorded decisions, 2 unusable input.",
+    )
+    replay.add_argument("files", nargs="+", type=Path, metavar="FILE", help="record files, oldest first (FILE.2 FILE.1 FILE)")
+    replay.add_argument("--config", "-c", type=Path, metavar="PATH", help="decide with this config's parameters instead of the recorded ones")
+    replay.add_argument("--json", action="store_true", help="print the decisions as JSON lines")
+
+    brk = sub.add_parser(
+        "breaker",
+        help="force or clear a breaker level on a running guardian",
+        description="Pin an engine's breaker at a level (force) or hand it back to the rules (clear), through the "
+        "running guardian's HTTP API. Needs the API token (guardian.api_token_file). A level pinned because the "
+        "restart budget ran out is released with clear.",
+    )
+    brk.add_argument("action", choices=["force", "clear"])
+    brk.add_argument("engine", help="the engine's name, as in the config")
+    brk.add_argument("level", nargs="?", type=int, choices=[0, 1, 2, 3], help="for force: the level to pin")
+    brk.add_argument("--config", "-c", type=Path, default=Path("/etc/vllm-guardian/guardian.toml"), metavar="PATH",
+                     help="guardian's config: where it listens and the token file (default: /etc/vllm-guardian/guardian.toml)")  # fmt: skip
+    brk.add_argument("--who", default=os.environ.get("USER", "operator"), help="your name, for the log (default: $USER)")
+
     sim = sub.add_parser("sim", help="serve simulated vLLM servers (to try guardian run/probe without a GPU)", description="Serve simulated vLLM 0.33 servers on loopback with optional load until Ctrl-C.")
     sim.add_argument("--port", type=int, default=8000, help="port of the first server; 0 = free ports (default: 8000)")
     sim.add_argument("--engines", type=int, default=1, help="servers, on consecutive ports (default: 1)")
@@ -95,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             "demo": _demo,
             "probe": _probe,
             "analyze": _analyze,
+            "replay": _replay,
+            "breaker": _breaker,
             "sim": _sim,
         }[args.command](args)
     except KeyboardInterrupt:
@@ -120,7 +149,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     record = SampleRecorder(args.record, int(args.record_max_mb * 2**20), args.record_keep) if args.record else None
     try:
-        asyncio.run(Daemon(config, args.config, record=record).run())
+        asyncio.run(Daemon(config, args.config, record=record, dry_run=args.dry_run).run())
     except StartupError as exc:
         print(f"guardian: {exc}", file=sys.stderr)
         return 1
@@ -206,6 +235,74 @@ def _analyze(args: argparse.Namespace) -> int:
             return 2
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 1 if any(v.report.leak for v in verdicts) else 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from guardian import replay
+
+    override = _load_or_exit(args.config) if args.config else None
+    header, records, problems = replay.read(args.files)
+    for problem in problems[:50]:
+        print(f"skipped: {problem}", file=sys.stderr)
+    try:
+        config = replay.config_from(header, override)
+        result = replay.replay(config, header, records, problems)
+    except replay.ReplayError as exc:
+        print(f"guardian replay: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        for decision in result.decisions:
+            print(json.dumps(decision.to_record()))
+    else:
+        print(replay.render(result))
+    print(f"{result.samples} samples, {len(result.decisions)} decisions", file=sys.stderr)
+    if override is not None:
+        return 0
+    difference = result.first_difference()
+    if difference is None:
+        print("identical to the decisions the live run recorded", file=sys.stderr)
+        return 0
+    print(f"differs from the live run: {difference}", file=sys.stderr)
+    return 1
+
+
+def _breaker(args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.request
+
+    if args.action == "force" and args.level is None:
+        print("guardian breaker: force needs a level (0-3), e.g. guardian breaker force llama-8b 2", file=sys.stderr)
+        return 2
+    config = _load_or_exit(args.config)
+    try:
+        token = config.guardian.read_api_token()
+    except OSError as exc:
+        print(f"guardian breaker: cannot read the API token: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    if token is None:
+        print(f"guardian breaker: {args.config} sets no guardian.api_token_file: the API is off", file=sys.stderr)
+        return 2
+    host, port = cfg.parse_listen(config.guardian.listen)
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/api/v1/breaker/{args.engine}"
+    body = {"action": args.action, "who": args.who} | ({"level": args.level} if args.action == "force" else {})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            answer = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        detail = json.loads(exc.read() or b"{}").get("error", exc.reason)
+        print(f"guardian breaker: {url} answered {exc.code}: {detail}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"guardian breaker: cannot reach guardian at {url}: {getattr(exc, 'reason', exc)}", file=sys.stderr)
+        return 1
+    pinned = f" (pinned by {answer['forced_by']})" if answer.get("forced") else " (the rules decide again)"
+    print(f"{answer['engine']}: L{answer['level']}{pinned}" + (" [dry run]" if answer.get("dry_run") else ""))
+    return 0
 
 
 def _sim(args: argparse.Namespace) -> int:

@@ -150,6 +150,8 @@ class Daemon:
             log.warning("config_warning", detail=note)
         self._restore_state()
         self.executor = self._build_executor(self.config)
+        if self._record is not None:
+            self._record.header = record_header(self.config, self.pipeline.host_memory)
         await self._start_http()
         self._scheduler = AsyncIOScheduler()
         self._scheduler.add_listener(self._on_missed, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
@@ -607,6 +609,17 @@ def _with_processes(
     if procs is None:
         return reading
     return replace(reading, processes=procs[0], process_error=procs[1])
+
+
+def record_header(config: cfg.Config, host_memory: float | None) -> dict[str, Any]:
+    """What replay needs to decide as this run does: its parameters (no secrets) and the host's memory."""
+    from guardian import __version__
+
+    return {
+        "guardian_version": __version__,
+        "host_memory_bytes": host_memory,
+        "config": config.model_dump(mode="json", exclude={"engines": {"__all__": {"api_key"}}}),
+    }
 
 
 def _launcher(section: cfg.EngineSection, state_dir: Path) -> Launcher | None:

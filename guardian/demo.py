@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import signal
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -23,6 +24,7 @@ from guardian.daemon import Daemon
 from guardian.record import SampleRecorder
 from guardian.sim import scenarios
 from guardian.sim.cluster import SimCluster
+from guardian.sim.launcher import SimLauncher
 from guardian.snapshot import Snapshot
 
 
@@ -31,14 +33,27 @@ from guardian.snapshot import Snapshot
 # staircase is called one within the demo's 90 s (a real host keeps the
 # defaults: three steps inside six hours, each held for five minutes).
 DEMO_LEAK = dataclasses.replace(cfg.LeakParams(), warmup_seconds=2.0, leak_steps=2, regret_seconds=5.0)
+# Likewise the breaker: seconds instead of minutes, so a level is entered and
+# left while you watch. The thresholds are the defaults unless the scenario
+# names its own (breaker-staircase does).
+DEMO_BREAKER = dataclasses.replace(
+    cfg.BreakerParams(),
+    l1_sustain_seconds=3.0, l2_sustain_seconds=5.0, l3_sustain_seconds=2.0,
+    l1_exit_hold_seconds=5.0, l2_exit_hold_seconds=5.0, l3_exit_hold_seconds=5.0,
+)  # fmt: skip
+DEMO_ACTIONS = cfg.ActionsSection(drain_timeout_seconds=30.0, start_timeout_seconds=60.0)
+DEMO_LOAD_SECONDS = 2.0  # a simulated engine's model load
 
 
-def demo_config(cluster: SimCluster, port: int, interval: float) -> cfg.Config:
+def demo_config(cluster: SimCluster, port: int, interval: float, state_dir: Path) -> cfg.Config:
     return cfg.Config(
         guardian=cfg.GuardianSection(
-            poll_interval_seconds=interval, listen=f"127.0.0.1:{port}", latency_window_seconds=max(2 * interval, 20.0)
-        ),
+            poll_interval_seconds=interval, listen=f"127.0.0.1:{port}", latency_window_seconds=max(2 * interval, 20.0),
+            state_dir=state_dir,
+        ),  # fmt: skip
         leak=DEMO_LEAK,
+        breaker=dataclasses.replace(DEMO_BREAKER, **cluster.scenario.breaker),
+        actions=DEMO_ACTIONS,
         engines=[
             cfg.EngineSection(
                 name=f"sim{i}",
@@ -66,7 +81,10 @@ async def run_demo(
     cluster = SimCluster(scenario, engines=engines, seed=seed)
     await cluster.start()
     recorder = SampleRecorder(record) if record is not None else None
-    daemon = Daemon(demo_config(cluster, port, interval), nvml_module=cluster.nvml, record=recorder)
+    state = tempfile.TemporaryDirectory(prefix="guardian-demo-state-")
+    config = demo_config(cluster, port, interval, Path(state.name))
+    launchers = {e.name: SimLauncher(s, DEMO_LOAD_SECONDS, seed=seed) for e, s in zip(config.engines, cluster.servers)}
+    daemon = Daemon(config, nvml_module=cluster.nvml, record=recorder, launchers=launchers)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -103,6 +121,7 @@ async def run_demo(
             loop.remove_signal_handler(sig)
         await daemon.close()
         await cluster.stop()
+        state.cleanup()
     return 0
 
 
@@ -112,12 +131,13 @@ def summary(snap: Snapshot | None, elapsed: float) -> str:
         return f"[{elapsed:5.0f}s] waiting for the first poll"
     parts = []
     for name, sig in snap.engines.items():
+        level = _level_text(snap, name)
         if not sig.up:
-            parts.append(f"{name}: DOWN")
+            parts.append(f"{name}: {level}DOWN")
             continue
         e2e = sig.latency.get("e2e")
         parts.append(
-            f"{name}: {sig.brief()} e2e {seconds_text(e2e.p99 if e2e else None)} "
+            f"{name}: {level}{sig.brief()} e2e {seconds_text(e2e.p99 if e2e else None)} "
             f"{count_text(sig.generation_tokens_per_second)} tok/s"
         )
     for gpu in snap.nvml.gpus:
@@ -132,6 +152,14 @@ def summary(snap: Snapshot | None, elapsed: float) -> str:
     if not snap.nvml.ok:
         parts.append(f"NVML: {snap.nvml.error}")
     return f"[{elapsed:5.0f}s] " + " | ".join(parts)
+
+
+def _level_text(snap: Snapshot, name: str) -> str:
+    state = snap.policy.states.get(name) if snap.policy else None
+    if state is None:
+        return ""
+    restarting = " restarting" if snap.policy and name in snap.policy.restarting else ""
+    return f"L{int(state.breaker.level)}{restarting} "
 
 
 def _leak_text(snap: Snapshot, series: str) -> str:

@@ -116,12 +116,13 @@ def test_guardian_record_files_are_analysed_too(tmp_path: Path) -> None:
         recorder.write(Sample(t=float(i), wall=T0 + i, nvml=NvmlReading(gpus=(gpu,)), engines=()))
     recorder.close()
     with (tmp_path / "samples.jsonl").open("a") as f:
-        f.write('{"kind": "decision"}\n{broken\n')
+        f.write('{"kind": "decision"}\n{"kind": "mystery"}\n{broken\n')
     result = _analyze(str(tmp_path / "samples.jsonl"), "--json")
     assert result.returncode == 1, result.stderr
     (gpu,) = json.loads(result.stdout)
     assert len([s for s in gpu["steps"] if not s["given_back"]]) == len(trace.steps)
-    assert "not a guardian sample record (kind='decision')" in result.stderr
+    assert "kind='decision'" not in result.stderr  # the policy's lines belong in a record file
+    assert "not a guardian sample record (kind='mystery')" in result.stderr
     assert "not JSON" in result.stderr
 
 

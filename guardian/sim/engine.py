@@ -145,7 +145,7 @@ class EngineModel:
     def has_work(self) -> bool:
         if self.paused == "keep" or self.sleep_level:
             return False
-        return bool(self.running) or (bool(self.waiting) and self.paused is None)
+        return bool(self.running) or (bool(self.waiting) and self.paused in (None, "wait"))
 
     def advance(self, now: float) -> None:
         """Run engine steps until the engine clock reaches ``now``."""
@@ -169,7 +169,7 @@ class EngineModel:
             chunk = min(req.prefill_target - req.kv_tokens, budget)
             prefill.append((req, chunk))
             budget -= chunk
-        if self.paused is None:
+        if self.paused in (None, "wait"):  # "wait" refuses new requests but finishes the queued ones
             self._admit(now, budget, prefill)
         # grow every sequence's KV; preempt the newest when the pool runs dry
         for req in list(decoding):

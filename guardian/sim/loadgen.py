@@ -2,6 +2,11 @@
 
 Open loop on purpose: arrivals do not wait for answers, as real users do not,
 so an overloaded engine builds a queue instead of slowing the generator down.
+
+Clients retry a request that was not accepted (503, or a connection that
+failed before any answer) with backoff for up to ``retry_seconds``, as the
+OpenAI SDKs do; a request cut after its answer began is never retried and
+counts as ``cut``. That is the line a drained restart must not cross.
 """
 
 from __future__ import annotations
@@ -27,12 +32,14 @@ class LoadGenerator:
         seed: int = 0,
         max_in_flight: int = 512,
         clock: Callable[[], float] = time.monotonic,
+        retry_seconds: float = 30.0,
     ) -> None:
         self.url = url.rstrip("/")
         self.scenario = scenario
         self.model = model
         self.rng = random.Random(seed)
         self.max_in_flight = max_in_flight
+        self.retry_seconds = retry_seconds
         self.outcomes: Counter[str] = Counter()
         self._clock = clock
         self._tasks: set[asyncio.Task[None]] = set()
@@ -63,12 +70,36 @@ class LoadGenerator:
         prompt = "x" * (s.draw_prompt(self.rng) * CHARS_PER_TOKEN)
         stream = self.rng.random() < s.stream_share
         body = {"model": self.model, "prompt": prompt, "max_tokens": s.output.draw(self.rng), "stream": stream}
+        give_up = self._clock() + self.retry_seconds
+        backoff = 0.1
+        while True:
+            try:
+                resp = await session.post(self.url + "/v1/completions", json=body)
+            except asyncio.CancelledError:
+                raise
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                resp = None  # not accepted: nothing was answered
+            if resp is not None and resp.status != 503:
+                break
+            if resp is not None:
+                resp.release()
+            if self._clock() + backoff > give_up:
+                self.outcomes["503" if resp is not None else "connection_error"] += 1
+                return
+            self.outcomes["retried"] += 1
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
         try:
-            async with session.post(self.url + "/v1/completions", json=body) as resp:
+            async with resp:
                 async for _ in resp.content.iter_any():
                     pass
                 self.outcomes[str(resp.status)] += 1
         except asyncio.CancelledError:
             raise
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
-            self.outcomes["connection_error"] += 1
+            self.outcomes["cut"] += 1
+
+    @property
+    def failures(self) -> int:
+        """Requests that did not end in 200: refused past the retry time, or cut after their answer began."""
+        return sum(n for outcome, n in self.outcomes.items() if outcome not in ("200", "retried"))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 from guardian.sim.engine import EngineParams
 from guardian.sim.fake_nvml import SimGpu
@@ -66,6 +66,8 @@ class Scenario:
     long_share: float = 0.0  # share of requests drawn from long_prompt instead
     long_prompt: Lengths | None = None
     demo_seconds: float = 60.0  # how long `guardian demo` plays it by default
+    # breaker thresholds this scenario is played with in the demo (BreakerParams field -> value)
+    breaker: Mapping[str, float] = field(default_factory=dict)
 
     def draw_prompt(self, rng: random.Random) -> int:
         if self.long_prompt is not None and rng.random() < self.long_share:
@@ -91,6 +93,22 @@ def _staircase() -> tuple[Fault, ...]:
     leak = tuple(Fault(t, "leak_step", STAIRCASE_STEP_RATIO) for t in STAIRCASE_STEPS)
     spike = (Fault(5.0, "spike", 0.02), Fault(7.0, "give_back", 0.02))
     return spike + leak
+
+
+# The breaker's walk: a leak big enough to cross every level in turn. The
+# engine leaves 30% of its GPU free so the leak has room; 6% steps, 30 s
+# apart so the leak detector holds each one (20 polls) before the next.
+BREAKER_STEPS = (8.0, 38.0, 68.0, 98.0)
+BREAKER_STEP_RATIO = 0.06
+# With the default thresholds a leak enters L2 (2% past the budget) long before
+# fragmentation reaches 35%; these make each level's rule fire in turn: one
+# step is fragmentation (L1), two are past the budget (L2), four eat the
+# reserve (L3).
+BREAKER_THRESHOLDS = {
+    "l1_enter_fragmentation_ratio": 0.05,
+    "l1_exit_fragmentation_ratio": 0.04,
+    "l2_budget_margin_ratio": 0.10,
+}
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -128,6 +146,18 @@ SCENARIOS: dict[str, Scenario] = {
             long_share=0.35,
             long_prompt=Lengths(28000, 0.4, 16000, 60000),
             engine=EngineParams(num_gpu_blocks=6000),
+        ),
+        Scenario(
+            name="breaker-staircase",
+            description="a leak of 6% steps walks the breaker up L1 -> L2 -> L3; guardian drains and restarts "
+            "the engine with less memory, and the level comes back down",
+            rate=_steady,
+            prompt=Lengths(1500, 0.8, 16, 16000),
+            output=Lengths(160, 0.7, 8, 1024),
+            engine=EngineParams(gpu_memory_utilization=0.7, num_gpu_blocks=8000),
+            faults=tuple(Fault(t, "leak_step", BREAKER_STEP_RATIO) for t in BREAKER_STEPS),
+            demo_seconds=140.0,
+            breaker=BREAKER_THRESHOLDS,
         ),
     )
 }

@@ -42,6 +42,8 @@ class SimServer:
         self.dev_mode = dev_mode
         self.api_key = api_key
         self.dead = False  # /health answers 500 and the API 500: a crashed engine core
+        self.loading = False  # restarting: every vLLM endpoint answers 503 until the model is loaded
+        self.restarts = 0
         self.metrics_delay = 0.0  # seconds /metrics waits before answering (a slow server)
         self.metrics_override: bytes | None = None  # serve this instead of the real page
         self._clock = clock
@@ -120,8 +122,33 @@ class SimServer:
 
     # -- middleware -------------------------------------------------------------
 
+    async def restart(self, engine: EngineModel, load_seconds: float, crash: bool = False) -> None:
+        """vLLM restarted with new arguments: what the old process held is gone, the new one loads, then serves.
+
+        While loading, the real server is not listening at all; here every
+        vLLM endpoint answers 503, which guardian and clients treat the same
+        way (not healthy; try again). ``crash``: the new engine dies as soon
+        as it has loaded (a crash loop).
+        """
+        for req in list(self.engine.running) + list(self.engine.waiting):
+            self.engine.abort(req)  # a drained restart leaves none; an undrained one cuts these
+        self.loading = True
+        self.restarts += 1
+        self.engine = engine
+        if self.gpu is not None:
+            self.gpu.engine = None  # the process and its memory (the leak too) are gone
+            self.gpu.overhang_bytes = 0
+        await asyncio.sleep(load_seconds)
+        if self.gpu is not None:
+            self.gpu.engine = engine
+        self.dead = crash
+        self.loading = False
+        self._wake.set()
+
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.loading and request.path != "/sim/state":
+            return _error(503, "the server is starting: the model is loading", "ServiceUnavailableError")
         if self.api_key and request.path.startswith(("/v1", "/v2", "/inference", "/cohere")):
             if request.headers.get("Authorization") != f"Bearer {self.api_key}":
                 return web.json_response({"error": "Unauthorized"}, status=401)
@@ -292,8 +319,8 @@ class SimServer:
         if mode not in ("abort", "wait", "keep"):
             return _error(400, f"mode must be abort, wait or keep, not {mode!r}", "BadRequestError")
         self.engine.pause(mode)  # type: ignore[arg-type]
-        if mode == "wait":  # drains: answers once the running requests are done
-            while self.engine.running:
+        if mode == "wait":  # drains: answers once every request it accepted is done
+            while self.engine.running or self.engine.waiting:
                 await asyncio.sleep(0.01)
         return web.json_response({"status": "paused"})
 

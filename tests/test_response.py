@@ -1,0 +1,189 @@
+"""The breaker's response on a fake clock: which actions each level brings, the restart budget, degrade/restore."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from guardian.policy.breaker import BreakerParams, Evidence, Level
+from guardian.policy.response import (
+    Action,
+    Command,
+    EngineState,
+    ResponseParams,
+    command,
+    from_disk,
+    respond,
+    to_disk,
+)
+
+BP = BreakerParams()
+RP = ResponseParams(restart_budget=3, restart_budget_window_seconds=3600, degrade_after_seconds=600,
+                    restore_after_seconds=1800)  # fmt: skip
+CALM = Evidence(fragmentation_ratio=0.1, kv_usage=0.5, over_budget_ratio=0.0, free_ratio=0.3, expected_free_ratio=0.3,
+                gpu_memory_utilization=0.7, health_failures=0, oom=False, preemptions_per_second=0.0)  # fmt: skip
+
+
+def ev(**changes: object) -> Evidence:
+    return replace(CALM, **changes)  # type: ignore[arg-type]
+
+
+class Run:
+    """Feeds evidence one poll a second and keeps every transition and action."""
+
+    def __init__(self, state: EngineState | None = None, rp: ResponseParams = RP) -> None:
+        self.state = state or EngineState()
+        self.rp = rp
+        self.t = 0.0
+        self.actions: list[tuple[float, Action]] = []
+        self.transitions: list[tuple[float, Level, Level, str]] = []
+
+    def feed(self, seconds: float, e: Evidence, finished: dict[float, bool] | None = None) -> Run:
+        end = self.t + seconds
+        while self.t < end:
+            out = respond("e", self.state, e, self.t, BP, self.rp, (finished or {}).get(self.t))
+            self.state = out.state
+            self.actions += [(self.t, a) for a in out.actions]
+            self.transitions += [(self.t, tr.source, tr.target, tr.rule) for tr in out.transitions]
+            self.t += 1
+        return self
+
+    def kinds(self) -> list[str]:
+        return [a.kind if a.kind != "notify" else f"notify:{a.details['severity']}" for _, a in self.actions]
+
+    def restarts(self) -> list[Action]:
+        return [a for _, a in self.actions if a.kind == "restart"]
+
+
+def test_entering_l1_shuts_the_long_context_gate_frees_cached_kv_and_warns_in_that_order() -> None:
+    run = Run().feed(BP.l1_sustain_seconds + 1, ev(fragmentation_ratio=0.4))
+    assert run.transitions == [(BP.l1_sustain_seconds, Level.L0, Level.L1, "fragmentation")]
+    assert run.kinds() == ["gates", "reset_prefix_cache", "notify:warning"]
+    gates, _, warn = (a for _, a in run.actions)
+    assert gates.level == 1 and "fragmentation_ratio 0.4" in warn.details["text"]
+
+
+def test_going_back_to_l0_opens_the_gates_and_says_resolved() -> None:
+    run = Run().feed(11, ev(fragmentation_ratio=0.4)).feed(BP.l1_exit_hold_seconds + 1, CALM)
+    assert run.transitions[-1][1:] == (Level.L1, Level.L0, "recovered")
+    assert run.kinds()[-2:] == ["gates", "notify:info"] and run.actions[-2][1].level == 0
+
+
+def test_l3_by_the_free_reserve_pages_and_restarts_with_less_memory() -> None:
+    run = Run().feed(BP.l3_sustain_seconds + 1, ev(free_ratio=0.05, over_budget_ratio=0.2))
+    assert run.kinds() == ["gates", "reset_prefix_cache", "notify:page", "restart"]
+    page, restart = run.actions[2][1], run.actions[3][1]
+    # the shortfall (10% reserve - 5% free) comes off the utilisation, rounded down to the percent: 0.7 -> 0.65
+    assert restart.reason == "free_reserve" and restart.details["gpu_memory_utilization"] == 0.65
+    assert "action: drained restart (free_reserve, base profile, --gpu-memory-utilization 0.65)" in page.details["text"]
+    assert run.state.restarting == BP.l3_sustain_seconds and len(run.state.restarts) == 1
+
+
+def test_utilisation_is_never_lowered_below_the_configured_floor() -> None:
+    rp = replace(RP, min_gpu_memory_utilization=0.68)
+    run = Run(rp=rp).feed(BP.l3_sustain_seconds + 1, ev(free_ratio=0.01))
+    assert run.restarts()[0].details["gpu_memory_utilization"] == 0.68
+
+
+def test_a_default_vllm_host_with_its_usual_seven_percent_free_is_not_an_emergency() -> None:
+    # vLLM 0.33 takes 92% by default: 7.4% free is what the configuration leaves, not a shortage
+    default = ev(free_ratio=0.074, expected_free_ratio=0.074, gpu_memory_utilization=0.92)
+    assert Run().feed(600, default).transitions == []
+    short = Run().feed(BP.l3_sustain_seconds + 1, replace(default, free_ratio=0.03))  # something ate half of it
+    assert short.transitions[-1][2:] == (Level.L3, "free_reserve")
+
+
+def test_the_restart_in_progress_holds_the_level_until_its_outcome_is_in() -> None:
+    run = Run().feed(BP.l3_sustain_seconds + 1, ev(free_ratio=0.05))
+    started = run.state.restarting
+    run.feed(60, ev(health_failures=10, free_ratio=None))  # paused, then down: on purpose
+    assert run.state.breaker.level == Level.L3 and len(run.restarts()) == 1 and len(run.transitions) == 1
+    run.feed(1, CALM, finished={run.t: True})
+    assert run.state.restarting is None and started is not None
+    run.feed(BP.l3_exit_hold_seconds + 1, CALM)
+    assert run.transitions[-1][1:] == (Level.L3, Level.L2, "recovered")
+
+
+def test_a_crash_loop_stops_at_the_restart_budget_pins_l3_and_pages() -> None:
+    run = Run().feed(BP.l3_sustain_seconds + 1, ev(health_failures=5))
+    assert [a.reason for a in run.restarts()] == ["engine_dead"]
+    for _ in range(5):  # each restart fails: the engine never comes back
+        run.feed(1, ev(health_failures=5), finished={run.t: False})
+        run.feed(3, ev(health_failures=5))
+    assert len(run.restarts()) == RP.restart_budget
+    assert run.state.breaker.forced and run.state.breaker.forced_by == "restart budget"
+    pages = [a.details["text"] for _, a in run.actions if a.details.get("severity") == "page"]
+    assert any("3 restarts in 3600s" in text and "guardian breaker clear e" in text for text in pages)
+    assert sum(1 for _, a in run.actions if a.reason == "restart_failed") == RP.restart_budget
+    run.feed(3600, ev(health_failures=5))  # the window passes: still pinned, still no restart
+    assert len(run.restarts()) == RP.restart_budget and run.state.breaker.level == Level.L3
+
+
+def test_clear_hands_a_pinned_engine_back_to_the_rules() -> None:
+    run = Run().feed(BP.l3_sustain_seconds + 1, ev(health_failures=5))
+    for _ in range(3):
+        run.feed(1, ev(health_failures=5), finished={run.t: False})
+    assert run.state.breaker.forced
+    out = command(run.state, Command("clear", "e", "alice"), run.t)
+    assert out.state.breaker.level == Level.L0 and not out.state.breaker.forced
+    assert [a.kind for a in out.actions] == ["gates", "notify"] and out.transitions[0].rule == "cleared by alice"
+
+
+def test_force_pins_a_level_and_the_rules_do_not_move_it() -> None:
+    out = command(EngineState(), Command("force", "e", "bob", 2), 0.0)
+    assert out.state.breaker.level == Level.L2 and out.state.breaker.forced_by == "bob"
+    assert [a.kind for a in out.actions] == ["gates", "reset_prefix_cache", "notify"]
+    run = Run(out.state).feed(600, ev(free_ratio=0.01, health_failures=9))
+    assert run.transitions == [] and run.restarts() == []
+
+
+def test_restarts_leave_the_budget_when_they_leave_the_window() -> None:
+    state = EngineState(restarts=(0.0, 10.0, 20.0))
+    run = Run(state)
+    run.t = 3000.0
+    run.feed(BP.l3_sustain_seconds + 1, ev(health_failures=5))
+    assert run.state.breaker.forced  # all three still inside the hour
+    state = EngineState(restarts=(0.0, 10.0, 20.0))
+    run = Run(state)
+    run.t = 3605.0
+    run.feed(BP.l3_sustain_seconds + 1, ev(health_failures=5))
+    assert not run.state.breaker.forced and len(run.restarts()) == 1 and len(run.state.restarts) == 2
+
+
+def test_lasting_l2_pressure_brings_the_degraded_profile_and_calm_brings_the_normal_one_back() -> None:
+    run = Run().feed(RP.degrade_after_seconds - 1, ev(kv_usage=0.95))
+    assert run.state.breaker.level == Level.L2 and run.restarts() == []
+    run.feed(2, ev(kv_usage=0.95))
+    (degrade,) = run.restarts()
+    assert degrade.reason == "degrade" and degrade.details["profile"] == "degraded" and run.state.degraded
+    run.feed(1, ev(kv_usage=0.95), finished={run.t: True})
+    run.feed(BP.l2_exit_hold_seconds + 1, CALM)  # L2 -> L1 after its hold, L1 -> L0 after its own
+    run.feed(BP.l1_exit_hold_seconds + 1, CALM)
+    assert run.state.breaker.level == Level.L0 and len(run.restarts()) == 1
+    run.feed(RP.restore_after_seconds + 1, CALM)
+    restore = run.restarts()[-1]
+    assert restore.reason == "restore" and restore.details["profile"] == "base" and not run.state.degraded
+
+
+def test_l2_entered_on_short_pressure_does_not_degrade_once_the_pressure_is_gone() -> None:
+    run = Run().feed(BP.l2_sustain_seconds + 1, ev(kv_usage=0.95)).feed(RP.degrade_after_seconds + 10, ev(kv_usage=0.87))
+    assert run.state.breaker.level == Level.L2 and run.restarts() == []  # stays (above the exit), not sustained
+
+
+def test_state_survives_the_disk_with_times_as_unix_seconds() -> None:
+    run = Run().feed(BP.l3_sustain_seconds + 1, ev(free_ratio=0.05))
+    doc = to_disk(run.state, wall_offset=1_700_000_000.0)
+    assert doc["level"] == 3 and doc["restarts"] == [1_700_000_000.0 + BP.l3_sustain_seconds]
+    # after a reboot the monotonic clock starts again: the same wall times, another offset
+    back = from_disk(doc, wall_offset=1_700_000_000.0 - 500.0)
+    assert back.breaker.level == Level.L3 and back.restarts == (BP.l3_sustain_seconds + 500.0,)
+    assert back.restarting is None  # its outcome died with the old process; it stays counted
+    assert back.gpu_memory_utilization == 0.65
+
+
+@pytest.mark.parametrize("broken", [{}, {"level": 9}, {"level": "x"}])
+def test_a_state_document_of_the_wrong_shape_is_refused(broken: dict[str, object]) -> None:
+    doc = {**to_disk(EngineState(), 0.0), **broken} if broken else {}
+    with pytest.raises((KeyError, TypeError, ValueError)):
+        from_disk(doc, 0.0)
