@@ -1,0 +1,201 @@
+"""The drained restart on a fake clock, and the two real launchers (systemd through a stand-in systemctl, a child process)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from guardian.actions.gateway import NoGateway
+from guardian.actions.launcher import ChildLauncher, SystemdLauncher
+from guardian.actions.outcome import Outcome
+from guardian.actions.restart import DrainedRestart, RestartTimeouts
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+class FakeLauncher:
+    describe = "fake"
+
+    def __init__(self, clock: FakeClock, fails: bool = False, dies_at: float | None = None) -> None:
+        self.clock = clock
+        self.fails = fails
+        self.dies_at = dies_at
+        self.restarts: list[tuple[float, dict[str, Any]]] = []
+
+    async def restart(self, args: dict[str, Any]) -> Outcome:
+        self.restarts.append((self.clock.now, dict(args)))
+        return Outcome("restart", "failed" if self.fails else "done", "fake")
+
+    async def alive(self) -> bool | None:
+        return self.dies_at is None or self.clock.now < self.dies_at
+
+
+class FakeAdmin:
+    def __init__(self, pause: str = "done") -> None:
+        self.calls: list[str] = []
+        self._pause = pause
+
+    async def pause(self, mode: str, timeout: float | None = None) -> Outcome:
+        self.calls.append(f"pause({mode})")
+        return Outcome(f"pause({mode})", self._pause, "fake")  # type: ignore[arg-type]
+
+    async def resume(self) -> Outcome:
+        self.calls.append("resume")
+        return Outcome("resume", "done", "fake")
+
+
+def procedure(clock: FakeClock, launcher: FakeLauncher, healthy_from: float, admin: Any = None,
+              load: list[float] | None = None, **timeouts: float) -> DrainedRestart:  # fmt: skip
+    async def healthy() -> bool | None:
+        return bool(launcher.restarts) and clock.now >= healthy_from
+
+    loads = list(load or [0.0])
+
+    async def in_flight() -> float | None:
+        return loads.pop(0) if len(loads) > 1 else loads[0]
+
+    return DrainedRestart("e", launcher, NoGateway(), admin, healthy, in_flight, RestartTimeouts(**timeouts),
+                          clock=clock, sleep=clock.sleep)  # fmt: skip
+
+
+async def test_an_engine_that_takes_five_minutes_to_load_is_waited_for_not_killed() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock)
+    admin = FakeAdmin()
+    outcome = await procedure(clock, launcher, healthy_from=300.0, admin=admin, start_seconds=900.0).run({"max-num-seqs": 8})
+    assert outcome.status == "done" and outcome.detail.startswith("healthy after 300s")
+    assert len(launcher.restarts) == 1 and launcher.restarts[0][1] == {"max-num-seqs": 8}
+    assert admin.calls == ["pause(wait)"]  # drained first; a fresh engine needs no resume
+
+
+async def test_past_the_start_timeout_a_loading_engine_is_left_running() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock)
+    outcome = await procedure(clock, launcher, healthy_from=10_000.0, start_seconds=600.0).run({})
+    assert outcome.status == "timeout" and "never killed" in outcome.detail
+    assert len(launcher.restarts) == 1 and 600 <= clock.now < 610
+
+
+async def test_an_engine_that_exits_during_start_fails_at_once() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, dies_at=30.0)
+    outcome = await procedure(clock, launcher, healthy_from=10_000.0, start_seconds=900.0).run({})
+    assert outcome.status == "failed" and "exited during start" in outcome.detail and clock.now < 35
+
+
+async def test_arguments_vllm_would_refuse_stop_nothing() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock)
+    admin = FakeAdmin()
+    outcome = await procedure(clock, launcher, healthy_from=0.0, admin=admin).run({"block-size": 24})
+    assert outcome.status == "refused" and "--block-size 24" in outcome.detail
+    assert launcher.restarts == [] and admin.calls == []
+
+
+async def test_without_dev_mode_the_drain_waits_for_the_engine_to_go_idle() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock)
+    outcome = await procedure(clock, launcher, healthy_from=0.0, load=[5, 3, 1, 0]).run({})
+    assert outcome.status == "done" and "cut" not in outcome.detail
+    assert launcher.restarts[0][0] == 3.0  # restarted once the engine held no request
+
+
+async def test_a_drain_past_its_deadline_restarts_anyway_and_says_what_was_cut() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock)
+    outcome = await procedure(clock, launcher, healthy_from=0.0, load=[7], drain_seconds=30.0).run({})
+    assert outcome.status == "done" and "deadline passed with 7 requests in flight" in outcome.detail
+    assert launcher.restarts[0][0] == 30.0
+
+
+async def test_a_launcher_that_fails_resumes_the_old_engine() -> None:
+    clock = FakeClock()
+    admin = FakeAdmin()
+    outcome = await procedure(clock, FakeLauncher(clock, fails=True), healthy_from=0.0, admin=admin).run({})
+    assert outcome.status == "failed" and admin.calls == ["pause(wait)", "resume"]
+
+
+# -- the real launchers -------------------------------------------------------------------------
+
+
+def _fake_systemctl(tmp_path: Path, state: str = "active") -> tuple[str, Path]:
+    calls = tmp_path / "calls"
+    script = tmp_path / "systemctl"
+    script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n[ "$1" = is-active ] && echo {state}\nexit 0\n')
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script), calls
+
+
+async def test_systemd_launcher_writes_the_env_file_then_restarts_the_unit(tmp_path: Path) -> None:
+    systemctl, calls = _fake_systemctl(tmp_path)
+    env = tmp_path / "etc" / "vllm.env"
+    launcher = SystemdLauncher("vllm.service", env, systemctl=systemctl)
+    outcome = await launcher.restart({"max-num-seqs": 32, "speculative-config": {"method": "ngram", "num_speculative_tokens": 3}})
+    assert outcome.ok, outcome.detail
+    assert calls.read_text().splitlines() == ["restart --no-block vllm.service"]
+    line = env.read_text().splitlines()[-1]
+    assert line == 'VLLM_ARGS="--max-num-seqs 32 --speculative-config {\\"method\\":\\"ngram\\",\\"num_speculative_tokens\\":3}"'
+    assert stat.S_IMODE(env.stat().st_mode) == 0o644 and await launcher.alive() is True
+
+
+async def test_systemd_launcher_reports_a_failed_unit_and_a_missing_systemctl(tmp_path: Path) -> None:
+    systemctl, _ = _fake_systemctl(tmp_path, state="failed")
+    assert await SystemdLauncher("vllm.service", tmp_path / "a.env", systemctl=systemctl).alive() is False
+    missing = SystemdLauncher("vllm.service", tmp_path / "a.env", systemctl=str(tmp_path / "nope"))
+    outcome = await missing.restart({})
+    assert outcome.status == "failed" and "cannot run" in outcome.detail
+
+
+async def test_child_launcher_stops_the_old_engine_and_starts_the_new_one_with_the_arguments(tmp_path: Path) -> None:
+    out = tmp_path / "argv"
+    program = f"import sys, time; open({str(out)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n'); time.sleep(60)"
+    launcher = ChildLauncher([sys.executable, "-c", program], tmp_path / "e.pid", stop_timeout=5)
+    assert await launcher.alive() is False
+    first = await launcher.restart({"max-num-seqs": 8})
+    pid1 = int((tmp_path / "e.pid").read_text())
+    await _lines(out, 1)
+    second = await launcher.restart({"max-num-seqs": 4, "enforce-eager": True})
+    pid2 = int((tmp_path / "e.pid").read_text())
+    try:
+        assert first.ok and second.ok and f"pid {pid1} stopped" in second.detail and pid1 != pid2
+        assert not psutil.pid_exists(pid1) or psutil.Process(pid1).status() == psutil.STATUS_ZOMBIE
+        assert await launcher.alive() is True
+        assert await _lines(out, 2) == ["--max-num-seqs 8", "--enforce-eager --max-num-seqs 4"]
+        # a restarted guardian finds the engine it started through the pid file
+        assert await ChildLauncher([sys.executable], tmp_path / "e.pid").alive() is True
+    finally:
+        os.killpg(pid2, 9)
+
+
+async def _lines(path: Path, n: int) -> list[str]:
+    for _ in range(200):
+        if path.exists() and len(path.read_text().splitlines()) >= n:
+            break
+        await asyncio.sleep(0.05)
+    return path.read_text().splitlines()
+
+
+async def test_child_launcher_sees_an_engine_that_died(tmp_path: Path) -> None:
+    launcher = ChildLauncher([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "e.pid")
+    await launcher.restart({})
+    for _ in range(100):
+        if await launcher.alive() is False:
+            break
+        await asyncio.sleep(0.05)
+    assert await launcher.alive() is False
