@@ -150,6 +150,8 @@ class Daemon:
             log.warning("config_warning", detail=note)
         self._restore_state()
         self.executor = self._build_executor(self.config)
+        self.executor.submit(self._reconcile(), time.time())
+        await self._start_children()
         if self._record is not None:
             self._record.header = record_header(self.config, self.pipeline.host_memory)
         await self._start_http()
@@ -462,10 +464,29 @@ class Daemon:
         for name, state in engines.items():
             if name in self.pipeline.states:
                 self.pipeline.states[name] = state
-                log.info("state_restored", engine=name, level=f"L{int(state.breaker.level)}",
+                log.info("state_restored", engine=name, breaker_level=f"L{int(state.breaker.level)}",
                          forced_by=state.breaker.forced_by, restarts_in_window=len(state.restarts),
                          degraded=state.degraded, gpu_memory_utilization=state.gpu_memory_utilization)  # fmt: skip
         self._saved = loaded.data
+
+    async def _start_children(self) -> None:
+        """With the child launcher guardian owns the engine: start it unless it already runs (from an earlier guardian)."""
+        assert self.executor is not None
+        for name, act in self.executor.engines.items():
+            if not isinstance(act.launcher, ChildLauncher) or await act.launcher.alive() is not False:
+                continue
+            args = self.executor.args_for(name, response.restart_details(self.pipeline.states[name], response.Evidence()))
+            if self.dry_run:
+                log.warning("action_planned", dry_run=True, engine=name, kind="start", argv=act.launcher.command)
+                continue
+            outcome = await act.launcher.restart(args)
+            (log.info if outcome.ok else log.error)("engine_started", engine=name, launcher=act.launcher.describe,
+                                                    outcome=outcome.status, detail=outcome.detail)  # fmt: skip
+
+    def _reconcile(self) -> list[Action]:
+        """A restored level's gates, set again: the run that entered it may have died before they were."""
+        return [Action("gates", name, int(s.breaker.level), "restored")
+                for name, s in self.pipeline.states.items() if s.breaker.level > 0]  # fmt: skip
 
     def _spend_budget(self) -> None:
         now = time.monotonic()

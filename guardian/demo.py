@@ -52,7 +52,7 @@ def demo_config(cluster: SimCluster, port: int, interval: float, state_dir: Path
             state_dir=state_dir,
         ),  # fmt: skip
         leak=DEMO_LEAK,
-        breaker=dataclasses.replace(DEMO_BREAKER, **cluster.scenario.breaker),
+        breaker=dataclasses.replace(DEMO_BREAKER, **cluster.scenario.breaker),  # type: ignore[arg-type]
         actions=DEMO_ACTIONS,
         engines=[
             cfg.EngineSection(

@@ -131,7 +131,7 @@ def render(result: Replay) -> str:
             numbers = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in tr.numbers.items() if v is not None)
             lines.append(f"{when}  {name:<12} L{int(tr.source)} -> L{int(tr.target)}  {tr.rule}" + (f"  ({numbers})" if numbers else ""))
         for a in d.actions:
-            what = a.kind
+            what: str = a.kind
             if a.kind == "notify":
                 what = f"notify {a.details.get('severity')}: {a.details.get('text')}"
             elif a.kind == "restart":

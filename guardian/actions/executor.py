@@ -171,13 +171,13 @@ class Executor:
             fields["changes"] = diff(self._applied.get(action.engine, self.engines[action.engine].base_args), args)
             self._applied[action.engine] = args
             self._finished[action.engine] = (True, self._clock())
-        log.warning("action_planned", dry_run=True, engine=action.engine, kind=action.kind, level=action.level,
+        log.warning("action_planned", dry_run=True, engine=action.engine, kind=action.kind, breaker_level=action.level,
                     reason=action.reason, **action.details, **fields)  # fmt: skip
         self._on_outcome(action, Outcome(action.kind, "dry_run", "not carried out (--dry-run)"))
 
     def _report(self, action: Action, outcome: Outcome) -> None:
-        level = log.info if outcome.ok or outcome.status in ("not_configured", "not_enabled") else log.warning
-        level("action_outcome", engine=action.engine, kind=action.kind, level=action.level, reason=action.reason,
+        emit = log.info if outcome.ok or outcome.status in ("not_configured", "not_enabled") else log.warning
+        emit("action_outcome", engine=action.engine, kind=action.kind, breaker_level=action.level, reason=action.reason,
               outcome=outcome.status, detail=outcome.detail)  # fmt: skip
         self._on_outcome(action, outcome)
 

@@ -38,11 +38,11 @@ def evidence(
     expected_free = None
     over_budget = None
     if place is not None:
-        gpus = [g for g in sample.nvml.gpus if g.index in place.gpus and g.memory_total_bytes]
-        ratios = [g.memory_free_bytes / g.memory_total_bytes for g in gpus if g.memory_free_bytes is not None]
+        totals = [(g, g.memory_total_bytes) for g in sample.nvml.gpus if g.index in place.gpus and g.memory_total_bytes]
+        ratios = [g.memory_free_bytes / total for g, total in totals if g.memory_free_bytes is not None]
         free = min(ratios) if len(ratios) == len(place.gpus) else None
-        if util is not None and gpus:
-            driver = max((g.memory_reserved_bytes or 0) / g.memory_total_bytes for g in gpus)  # type: ignore[operator]
+        if util is not None and totals:
+            driver = max((g.memory_reserved_bytes or 0) / total for g, total in totals)
             expected_free = max(0.0, 1.0 - util - driver)
         if sig.gpu_memory_bytes is not None:
             over_budget = (sig.gpu_memory_bytes - place.budget_bytes) / place.capacity_bytes
