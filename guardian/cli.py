@@ -17,7 +17,9 @@ from guardian.sim import scenarios
 DESCRIPTION = """\
 vllm-guardian watches vLLM servers and the GPUs under them: NVML memory and
 utilisation, vLLM's KV cache, queues and latency, the vLLM process tree. It
-serves what it sees as Prometheus metrics and JSON on its own HTTP port.
+finds stepwise memory leaks, runs a three-level breaker per engine (gates,
+cached-KV resets, drained restarts with safer arguments, pages), and serves
+what it sees as Prometheus metrics and JSON on its own HTTP port.
 
 Start with `guardian demo` (no GPU needed) or `guardian probe --vllm URL`.
 """

@@ -167,3 +167,36 @@ def test_api_key_file_is_read_and_its_absence_is_reported(tmp_path: Path) -> Non
     assert config.engines[0].read_api_key() == "sk-from-file"
     issue = _only(ENGINE + f'api_key = "a"\napi_key_file = "{key}"\n')
     assert "both api_key and api_key_file" in issue.message
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "says"),
+    [
+        ('launcher = "systemd"\nunit = "vllm.service"', "engines[0].restart", "needs unit and env_file"),
+        ('launcher = "systemd"\nunit = "v.service"\nenv_file = "args.env"', "engines[0].restart", "not an absolute path"),
+        ('launcher = "child"', "engines[0].restart", "needs command"),
+        ('launcher = "child"\ncommand = ["vllm"]\nargs = { block-size = 24 }', "engines[0].restart", "--block-size 24 is refused"),
+        ('launcher = "child"\ncommand = ["vllm"]\nargs = { swap-space = 4 }', "engines[0].restart", "--swap-space no longer exists"),
+        ('launcher = "docker"', "engines[0].restart.launcher", "Input should be"),
+    ],
+)
+def test_restart_tables_vllm_would_refuse_are_refused_with_the_key(table: str, key: str, says: str) -> None:
+    issue = _only(f"{ENGINE}[engines.restart]\n{table}\n")
+    assert issue.key == key and says in issue.message
+
+
+def test_example_restart_table_validates_once_uncommented() -> None:
+    text = (ROOT / "systemd" / "guardian.toml").read_text()
+    for key in ("[engines.restart]", "launcher = ", "unit = ", "env_file = ", "attention_backend", "args = "):
+        text = text.replace(f"# {key}", key)
+    restart = cfg.loads(text).engines[0].restart
+    assert restart is not None and restart.launcher == "systemd" and restart.args["max-num-seqs"] == 64
+
+
+def test_actions_defaults_and_the_degraded_profile_as_engine_arguments() -> None:
+    actions = cfg.loads("").actions
+    assert (actions.restart_budget, actions.restart_budget_window_seconds, actions.dry_run) == (3, 3600.0, False)
+    assert actions.degraded.layer() == {"kv-cache-dtype": "fp8", "speculative-config": None}
+    custom = cfg.loads("[actions.degraded]\nkv_cache_dtype = \"fp8_e5m2\"\nmax_num_seqs = 8\nspeculation = true\n")
+    assert custom.actions.degraded.layer() == {"kv-cache-dtype": "fp8_e5m2", "max-num-seqs": 8}
+    assert _only("[actions.degraded]\nkv_cache_dtype = \"int3\"\n").key == "actions.degraded.kv_cache_dtype"
