@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,6 +31,7 @@ from guardian.sim.launcher import SimLauncher
 pytestmark = pytest.mark.slow
 
 SCALE = 0.25
+GUARDIAN = [sys.executable, "-m", "guardian"]
 
 
 def _fast(cluster: SimCluster, state_dir: Path, dry_run: bool) -> cfg.Config:
@@ -122,3 +125,12 @@ async def test_dry_run_plans_the_same_walk_without_touching_the_engine_and_repla
     assert daemon.metrics.actions.labels("sim0", "restart", "dry_run")._value.get() == 1
     again = _replayed(tmp_path / "record.jsonl")
     assert again.matches, again.first_difference()
+    # the same through the command line, and with other thresholds on the same samples
+    record = str(tmp_path / "record.jsonl")
+    same = subprocess.run([*GUARDIAN, "replay", record], capture_output=True, text=True, timeout=60)
+    assert same.returncode == 0 and "identical to the decisions the live run recorded" in same.stderr, same.stderr
+    assert "L2 -> L3  free_reserve" in same.stdout and "action: drained restart (free_reserve" in same.stdout
+    defaults = tmp_path / "defaults.toml"  # what the default thresholds and times would have done with these samples
+    defaults.write_text('[[engines]]\nname = "sim0"\nurl = "http://127.0.0.1:1"\n')
+    what_if = subprocess.run([*GUARDIAN, "replay", record, "--config", str(defaults)], capture_output=True, text=True, timeout=60)
+    assert what_if.returncode == 0 and "drained restart" not in what_if.stdout and " samples, " in what_if.stderr

@@ -109,7 +109,8 @@ def test_demo_serves_metrics_that_move_and_status_json() -> None:
     assert 'guardian_engine_latency_p99_seconds{engine="sim0",latency="ttft"}' in second
     assert status["engines"][0]["up"] is True and status["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
     assert f"guardian metrics  http://127.0.0.1:{port}/metrics" in out
-    assert "sim0: kv" in out and "guardian demo: done" in out
+    assert "sim0: L0 kv" in out and "guardian demo: done" in out
+    assert status["breaker"]["sim0"]["level"] == 0 and status["breaker"]["sim0"]["restart_budget_left"] == 3
 
 
 def _scrape_when_up(port: int) -> str:
