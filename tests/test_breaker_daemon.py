@@ -10,7 +10,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -19,21 +18,12 @@ import pytest
 from guardian import config as cfg
 from guardian.daemon import STATE_FILE, Daemon
 from guardian.sdnotify import Notifier
-from guardian.sim import scenarios
 from guardian.sim.cluster import SimCluster
 from guardian.state import StateFile
 from tests.helpers import free_port
 
 GUARDIAN = [sys.executable, "-m", "guardian"]
 TOKEN = "s3cret-t0ken"
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[SimCluster]:
-    c = SimCluster(scenarios.get("steady"), engines=1, seed=3)
-    await c.start()
-    yield c
-    await c.stop()
 
 
 def _config(cluster: SimCluster, state_dir: Path, token_file: Path | None) -> cfg.Config:
@@ -124,9 +114,8 @@ async def test_with_the_child_launcher_guardian_starts_the_engine_once(cluster: 
     await second.close()
     try:
         assert int((tmp_path / "state" / "sim0.pid").read_text()) == pid
-        for _ in range(100):
-            if marker.exists():
-                break
+        deadline = time.monotonic() + 30  # a loaded machine starts Python slowly
+        while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert marker.read_text() == "--max-num-seqs 16\n"
     finally:
@@ -134,21 +123,6 @@ async def test_with_the_child_launcher_guardian_starts_the_engine_once(cluster: 
 
 
 # -- a real guardian process, killed with SIGKILL -------------------------------------------------
-
-
-@pytest.fixture
-def sim_url(tmp_path: Path) -> Iterator[str]:
-    ports = tmp_path / "urls"
-    sim = subprocess.Popen([*GUARDIAN, "sim", "--port", "0", "--no-load", "--ports-file", str(ports)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 20
-        while not (ports.exists() and ports.read_text()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        yield ports.read_text().split()[0]
-    finally:
-        sim.kill()
-        sim.wait()
 
 
 def _status(port: int) -> dict:  # type: ignore[type-arg]

@@ -164,19 +164,8 @@ def test_demo_staircase_leak_is_reported_at_the_injected_times() -> None:
     assert out.count("leak_step_detected") == 4  # two steps, each on gpu/0/used and engine/sim0/gpu: the spike is not one
 
 
-def test_sim_serves_a_vllm_server_that_probe_reads(tmp_path: Path) -> None:
-    ports = tmp_path / "urls"
-    sim = subprocess.Popen([*GUARDIAN, "sim", "--port", "0", "--no-load", "--ports-file", str(ports)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 20
-        while not (ports.exists() and ports.read_text()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        url = ports.read_text().split()[0]
-        result = subprocess.run([*GUARDIAN, "probe", "--vllm", url, "--json", "--no-nvml"], capture_output=True, text=True, timeout=30)
-    finally:
-        sim.kill()
-        sim.wait()
+def test_sim_serves_a_vllm_server_that_probe_reads(sim_url: str) -> None:
+    result = subprocess.run([*GUARDIAN, "probe", "--vllm", sim_url, "--json", "--no-nvml"], capture_output=True, text=True, timeout=30)
     doc = json.loads(result.stdout)
     assert doc["up"] and doc["cores"][0]["block_size"] == 16 and doc["cores"][0]["running"] == 0
     assert doc["dev_endpoints"]["available"] is True  # the simulator runs in dev mode

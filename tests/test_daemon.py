@@ -23,7 +23,6 @@ from guardian.policy.breaker import BreakerParams
 from guardian.policy.evidence import EvidenceMemory, evidence
 from guardian.daemon import Daemon
 from guardian.sdnotify import Notifier
-from guardian.sim import scenarios
 from guardian.sim.cluster import SimCluster
 from guardian.sim.engine import SimRequest
 from tests.helpers import free_port
@@ -37,14 +36,6 @@ def _config(cluster: SimCluster, extra_engines: list[cfg.EngineSection] = ()) ->
             *extra_engines,
         ],
     )
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[SimCluster]:
-    c = SimCluster(scenarios.get("steady"), engines=1, seed=3)
-    await c.start()
-    yield c
-    await c.stop()
 
 
 @pytest.fixture
