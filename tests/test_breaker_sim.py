@@ -134,3 +134,30 @@ async def test_dry_run_plans_the_same_walk_without_touching_the_engine_and_repla
     defaults.write_text('[[engines]]\nname = "sim0"\nurl = "http://127.0.0.1:1"\n')
     what_if = subprocess.run([*GUARDIAN, "replay", record, "--config", str(defaults)], capture_output=True, text=True, timeout=60)
     assert what_if.returncode == 0 and "drained restart" not in what_if.stdout and " samples, " in what_if.stderr
+
+
+async def test_a_crash_loop_on_the_simulator_stops_at_the_restart_budget_and_holds_l3(tmp_path: Path) -> None:
+    cluster = SimCluster(scenarios.get("steady"), engines=1, seed=5)
+    await cluster.start()
+    server = cluster.servers[0]
+    config = _fast(cluster, tmp_path / "state", dry_run=False)
+    config = config.model_copy(update={"actions": config.actions.model_copy(update={"restart_budget": 2})})
+    launcher = SimLauncher(server, load_seconds=0.3, crash_on_start=True)
+    daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""), launchers={"sim0": launcher})
+    await daemon.start()
+    try:
+        server.dead = True  # the engine core died: /health answers 500
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not daemon.pipeline.states["sim0"].breaker.forced:
+            await asyncio.sleep(0.25)
+        await asyncio.sleep(3)  # and it stays put: no third restart
+        state = daemon.pipeline.states["sim0"]
+        page = daemon.metrics.render().decode()
+    finally:
+        await daemon.close()
+        await cluster.stop()
+    assert state.breaker.level == 3 and state.breaker.forced_by == "restart budget"
+    assert server.restarts == 2 and len(launcher.started_with) == 2
+    assert 'guardian_restarts_total{engine="sim0",why="engine_dead"} 2.0' in page
+    assert 'guardian_actions_total{engine="sim0",kind="restart",outcome="failed"} 2.0' in page
+    assert 'guardian_restart_budget_remaining{engine="sim0"} 0.0' in page
