@@ -223,8 +223,12 @@ def test_sighup_with_bad_config_keeps_serving_and_says_why(tmp_path: Path) -> No
         proc.send_signal(signal.SIGHUP)
         events += _events_until(proc, "config_reload_refused")
         refused = next(e for e in events if e["event"] == "config_reload_refused")
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as resp:
-            status = json.load(resp)
+        deadline = time.monotonic() + 15
+        status: dict = {}  # type: ignore[type-arg]
+        while "engines" not in status and time.monotonic() < deadline:  # the first poll may still be running
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as resp:
+                status = json.load(resp)
+            time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
     finally:
