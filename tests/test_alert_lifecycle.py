@@ -119,6 +119,7 @@ def test_an_unacknowledged_page_walks_down_the_on_call_list() -> None:
     assert "not acknowledged after 15min" in next(o for _, o in c.out if o.kind == "escalation").facts[0]
     repeats = {o.to.name for t, o in c.out if o.kind == "repeat"}
     assert repeats == {"alice", "bob"}  # the repeat at 30 min goes to everyone reached so far
+    assert all(len(set(o.keys)) == len(o.keys) for _, o in c.out)  # carol hears of it once, as an escalation
 
 
 def test_an_acknowledged_page_does_not_escalate() -> None:

@@ -161,14 +161,15 @@ def due(state: AlertState, now: float, p: AlertParams, contacts: tuple[Contact, 
             continue
         if t.acked_by is not None:
             continue
-        if a.severity == "page" and t.first_notified_at is not None and t.reached < len(contacts):
-            if now - t.first_notified_at >= p.escalate_after_seconds * t.reached:
-                tell(contacts[t.reached], "escalation", t)
-                alerts[key] = t = replace(t, reached=t.reached + 1)
+        told = t.reached
         if now - t.notified_at >= p.repeat(a.severity):
-            for c in contacts[: t.reached]:
+            for c in contacts[:told]:
                 tell(c, "repeat", t)
-            alerts[key] = replace(t, notified_at=now)
+            alerts[key] = t = replace(t, notified_at=now)
+        if a.severity == "page" and t.first_notified_at is not None and told < len(contacts):
+            if now - t.first_notified_at >= p.escalate_after_seconds * told:
+                tell(contacts[told], "escalation", t)
+                alerts[key] = replace(t, reached=told + 1)
     by_number = {c.number: c for c in contacts}
     sent = {n: tuple(s for s in times if now - s < 3600) for n, times in state.sent.items()}
     held = dict(state.held)
