@@ -42,7 +42,11 @@ from guardian.actions.outcome import Outcome
 from guardian.actions.vllm_admin import VllmAdmin
 from guardian.analysis.memory import MemoryReport
 from guardian.exporter import Metrics, make_app
-from guardian.notify.channel import Channel, LogChannel
+from guardian.notify.outbox import Outbox
+from guardian.notify.service import Deliverer, Notifications, Settings, SmsDeliverer, WebhookDeliverer
+from guardian.notify.sms import TwilioSender, read_token
+from guardian.notify import alertmanager
+from guardian.notify.alerts import Contact
 from guardian.pipeline import Decision, Pipeline
 from guardian.policy import response
 from guardian.policy.response import Action, Command
@@ -59,6 +63,9 @@ from guardian.state import StateFile
 log = logs.get("guardian.daemon")
 
 STATE_FILE = "state.json"
+ALERTS_FILE = "alerts.json"
+NOTIFY_EVERY_SECONDS = 1.0
+LOG_ONLY = Contact("log", "-")  # the recipient when no on-call list is configured: messages are only logged
 
 REPEAT_FAILURE_LOG_EVERY = 60  # polls: a persisting failure is logged again this often
 
@@ -105,7 +112,7 @@ class Daemon:
         dry_run: bool = False,
         launchers: Mapping[str, Launcher] | None = None,
         gateway: Gateway | None = None,
-        channel: Channel | None = None,
+        deliverers: Mapping[str, Deliverer] | None = None,
     ) -> None:
         self.config = config
         self.config_path = Path(config_path) if config_path else None
@@ -127,7 +134,8 @@ class Daemon:
         self.dry_run = dry_run or config.actions.dry_run
         self._launchers = dict(launchers or {})  # the simulator's, in the demo and tests
         self._gateway = gateway or NoGateway()
-        self._channel = channel or LogChannel()
+        self._deliverers = deliverers  # tests bring their own; else from [notify]
+        self.notifications: Notifications | None = None
         self.executor: Executor | None = None
         self._state = StateFile(config.guardian.state_dir / STATE_FILE)
         self._state_log = _FailureLog("state")
@@ -149,8 +157,10 @@ class Daemon:
         for note in self.config.warnings():
             log.warning("config_warning", detail=note)
         self._restore_state()
+        self.notifications = self._build_notifications(self.config)
+        self.notifications.start()
         self.executor = self._build_executor(self.config)
-        self.executor.submit(self._reconcile(), time.time())
+        self.executor.submit(self._reconcile())
         await self._start_children()
         if self._record is not None:
             self._record.header = record_header(self.config, self.pipeline.host_memory)
@@ -158,6 +168,8 @@ class Daemon:
         self._scheduler = AsyncIOScheduler()
         self._scheduler.add_listener(self._on_missed, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
         self._schedule()
+        self._scheduler.add_job(self._notify_job, "interval", seconds=NOTIFY_EVERY_SECONDS, id="notify",
+                                max_instances=1, coalesce=True, misfire_grace_time=5)  # fmt: skip
         self._scheduler.start()
         wd = watchdog_interval()
         if wd is not None and wd < self.config.guardian.poll_interval_seconds:
@@ -223,7 +235,7 @@ class Daemon:
             lambda: self.last_poll_monotonic,
             lambda: self.config.guardian.poll_interval_seconds,
             self._started_wall,
-            self._breaker_api,
+            self._api,
         )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -255,6 +267,19 @@ class Daemon:
             misfire_grace_time=max(1, int(interval)),
             next_run_time=None if self.snapshot else _now(),
         )
+
+    async def _notify_job(self) -> None:
+        """Due messages into the outbox, then deliver what the outbox holds (its own job: a slow SMS never delays a poll)."""
+        if self.notifications is None:
+            return
+        try:
+            self.notifications.tick()
+            await self.notifications.drain()
+            depth, oldest = self.notifications.depth_and_oldest()
+            self.metrics.outbox_depth.set(depth)
+            self.metrics.outbox_oldest.set(oldest or 0.0)
+        except Exception:
+            log.exception("notify_failed")
 
     def _on_missed(self, event: JobExecutionEvent) -> None:
         self.metrics.polls_missed.inc()
@@ -297,6 +322,9 @@ class Daemon:
         self._build_engines(new)
         self.pipeline.reconfigure(new)
         self.dry_run = self.dry_run or new.actions.dry_run
+        if self.notifications is not None:
+            fresh = self._build_notifications(new)
+            self.notifications.settings, self.notifications.deliverers = fresh.settings, fresh.deliverers
         if self.executor is not None:
             self.executor.engines = self._actuators(new)
             self.executor.degraded = new.actions.degraded.layer()
@@ -400,7 +428,7 @@ class Daemon:
             self._write_record(decision)
         self._save_state(decision.wall - decision.t)
         if self.executor is not None:
-            self.executor.submit(decision.actions, decision.wall)
+            self.executor.submit(decision.actions)
 
     def _on_outcome(self, action: Action, outcome: Outcome) -> None:
         self.metrics.actions.labels(action.engine, action.kind, outcome.status).inc()
@@ -414,13 +442,55 @@ class Daemon:
             restarting=self.executor.restarting if self.executor else [],
         )
 
-    async def _breaker_api(self, token: str | None, engine: str, body: Any) -> tuple[int, dict[str, Any]]:
-        """``POST /api/v1/breaker/ENGINE``: force or clear, for an operator holding the API token."""
-        expected = self.config.guardian.read_api_token()
+    def _refused(self, token: str | None) -> tuple[int, dict[str, Any]] | None:
+        """None when ``token`` is the API token; else the answer for the caller."""
+        try:
+            expected = self.config.guardian.read_api_token()
+        except OSError as exc:
+            log.error("api_token_unreadable", reason=exc.strerror or str(exc))
+            return 503, {"error": "guardian cannot read its API token"}
         if expected is None:
             return 403, {"error": "the API is off: set guardian.api_token_file (or LoadCredential=api-token)"}
         if token is None or not hmac.compare_digest(token.encode(), expected.encode()):
             return 401, {"error": "missing or wrong bearer token"}
+        return None
+
+    async def _api(self, token: str | None, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        """guardian's authenticated API: breaker force/clear, alert ack, Alertmanager's webhook."""
+        refused = self._refused(token)
+        if refused is not None:
+            return refused
+        if path.startswith("breaker/"):
+            return self._breaker_api(path.removeprefix("breaker/"), body)
+        if path == "alerts/ack":
+            return self._ack_api(body)
+        if path == "alertmanager":
+            return self._alertmanager_api(body)
+        return 404, {"error": f"no API at /api/v1/{path}"}
+
+    def _ack_api(self, body: Any) -> tuple[int, dict[str, Any]]:
+        assert self.notifications is not None
+        if not isinstance(body, dict) or not isinstance(body.get("key"), str):
+            return 400, {"error": 'send {"key": "breaker/ENGINE", "who": "..."}'}
+        who = str(body.get("who") or "api")[:64]
+        if not self.notifications.ack(body["key"], who):
+            firing = sorted(k for k, t in self.notifications.state.alerts.items() if t.firing)
+            return 404, {"error": f"no firing alert {body['key']!r}", "firing": firing}
+        return 200, {"key": body["key"], "acknowledged_by": who}
+
+    def _alertmanager_api(self, body: Any) -> tuple[int, dict[str, Any]]:
+        assert self.notifications is not None
+        try:
+            count = self.notifications.alertmanager(body)
+        except alertmanager.PayloadError as exc:
+            return 400, {"error": str(exc)}
+        except OSError as exc:  # not stored: Alertmanager retries on 5xx, never on 4xx
+            log.error("alertmanager_not_queued", reason=exc.strerror or str(exc))
+            return 503, {"error": "guardian could not store the alerts durably; send them again"}
+        return 200, {"alerts": count}
+
+    def _breaker_api(self, engine: str, body: Any) -> tuple[int, dict[str, Any]]:
+        """``POST /api/v1/breaker/ENGINE``: force or clear, for an operator holding the API token."""
         if engine not in self.pipeline.states:
             return 404, {"error": f"no engine {engine!r}; known: {', '.join(sorted(self.pipeline.states)) or 'none'}"}
         if not isinstance(body, dict) or body.get("action") not in ("force", "clear"):
@@ -505,9 +575,40 @@ class Daemon:
         self._state_log.observe(None, None)
         self._saved = data
 
+    def _build_notifications(self, config: cfg.Config) -> Notifications:
+        n = config.notify
+        contacts = tuple(Contact(c.name, c.number) for c in n.oncall) or (LOG_ONLY,)  # the lifecycle runs, the log tells
+        settings = Settings(n.alert_params, contacts,
+                            n.sms.max_segments if n.sms else 3,
+                            {"page": n.page_valid_seconds, "warning": n.warning_valid_seconds, "info": n.warning_valid_seconds})  # fmt: skip
+        deliverers = dict(self._deliverers) if self._deliverers is not None else self._channels(config)
+        state_dir = config.guardian.state_dir
+        return Notifications(settings, StateFile(state_dir / ALERTS_FILE), Outbox(state_dir / "outbox"), deliverers,
+                             on_result=lambda ch, outcome, reason: self.metrics.notifications.labels(ch, outcome, reason).inc())  # fmt: skip
+
+    def _channels(self, config: cfg.Config) -> dict[str, Deliverer]:
+        n = config.notify
+        out: dict[str, Deliverer] = {}
+        if "sms" in n.channels and n.sms is not None:
+            token = read_token()
+            if token is None:
+                log.error("sms_unavailable", detail="no Twilio auth token in $TWILIO_AUTH_TOKEN or the twilio-auth-token "
+                          "credential: SMS wait in the outbox until one is configured (or they expire)")  # fmt: skip
+            else:
+                sender = TwilioSender(n.sms.account_sid, token, n.sms.from_number, n.sms.messaging_service_sid,
+                                      n.sms.status_callback, n.sms.timeout_seconds, n.sms.api_url)  # fmt: skip
+                out["sms"] = SmsDeliverer(sender, n.sms.max_segments)
+        if "webhook" in n.channels and n.webhook is not None:
+            assert self._session is not None
+            token_file = n.webhook.token_file
+            token = token_file.read_text().strip() if token_file and token_file.exists() else None
+            out["webhook"] = WebhookDeliverer(n.webhook.url, self._session, token, n.webhook.timeout_seconds)
+        return out
+
     def _build_executor(self, config: cfg.Config) -> Executor:
+        assert self.notifications is not None
         executor = Executor(
-            self._actuators(config), self._gateway, self._channel, config.actions.degraded.layer(),
+            self._actuators(config), self._gateway, self.notifications.record, config.actions.degraded.layer(),
             config.actions.timeouts, dry_run=self.dry_run, on_outcome=self._on_outcome,
         )  # fmt: skip
         for name, state in self.pipeline.states.items():

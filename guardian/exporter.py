@@ -68,6 +68,14 @@ class Metrics:
         self.restarts = Counter(
             "guardian_restarts", "Drained restarts guardian began, by why.", ["engine", "why"], registry=r
         )
+        self.notifications = Counter(
+            "guardian_notifications", "Messages to people, by channel and outcome (sent, retried, dropped, failed) and reason.",
+            ["channel", "outcome", "reason"], registry=r,
+        )  # fmt: skip
+        self.outbox_depth = Gauge("guardian_outbox_messages", "Messages in the durable outbox, not yet delivered.", registry=r)
+        self.outbox_oldest = Gauge(
+            "guardian_outbox_oldest_age_seconds", "Age of the oldest message in the outbox (0 when empty).", registry=r
+        )
         self.last_poll = Gauge(
             "guardian_last_poll_timestamp_seconds", "Unix time the latest poll finished.", registry=r
         )
@@ -426,7 +434,7 @@ def make_app(
     last_poll_monotonic: Callable[[], float | None],
     interval: Callable[[], float],
     started_wall: float,
-    breaker_api: Callable[[str | None, str, Any], Awaitable[tuple[int, dict[str, Any]]]] | None = None,
+    api: Callable[[str | None, str, Any], Awaitable[tuple[int, dict[str, Any]]]] | None = None,
 ) -> web.Application:
     async def get_metrics(_: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -446,23 +454,23 @@ def make_app(
     async def get_status(_: web.Request) -> web.Response:
         return web.json_response(status(snapshot(), started_wall, interval()), dumps=_dumps)
 
-    async def post_breaker(request: web.Request) -> web.Response:
-        assert breaker_api is not None
+    async def post_api(request: web.Request) -> web.Response:
+        assert api is not None
         auth = request.headers.get("Authorization", "")
         token = auth[len("Bearer "):].strip() if auth.startswith("Bearer ") else None
         try:
             body = await request.json() if request.can_read_body else None
         except (json.JSONDecodeError, UnicodeDecodeError):
             return web.json_response({"error": "the body is not JSON"}, status=400)
-        code, doc = await breaker_api(token, request.match_info["engine"], body)
+        code, doc = await api(token, request.match_info["path"], body)
         return web.json_response(doc, status=code)
 
-    app = web.Application(client_max_size=64 * 1024)
+    app = web.Application(client_max_size=1024 * 1024)  # Alertmanager batches alerts
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", get_healthz)
     app.router.add_get("/status", get_status)
-    if breaker_api is not None:
-        app.router.add_post("/api/v1/breaker/{engine}", post_breaker)
+    if api is not None:
+        app.router.add_post("/api/v1/{path:.+}", post_api)
     return app
 
 

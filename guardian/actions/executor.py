@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping
 
 from guardian import logs
@@ -26,7 +25,6 @@ from guardian.actions.launcher import Launcher
 from guardian.actions.outcome import Outcome
 from guardian.actions.restart import DrainedRestart, Load, Probe, RestartTimeouts
 from guardian.actions.vllm_admin import VllmAdmin
-from guardian.notify.channel import Channel, Message
 from guardian.policy.response import Action
 
 log = logs.get("guardian.actions")
@@ -50,7 +48,7 @@ class Executor:
         self,
         engines: Mapping[str, EngineActuators],
         gateway: Gateway,
-        channel: Channel,
+        notify: Callable[[Action], Outcome],
         degraded: Mapping[str, Value | None],
         timeouts: RestartTimeouts,
         dry_run: bool = False,
@@ -59,7 +57,7 @@ class Executor:
     ) -> None:
         self.engines = dict(engines)
         self.gateway = gateway
-        self.channel = channel
+        self.notify = notify
         self.degraded = dict(degraded)
         self.timeouts = timeouts
         self.dry_run = dry_run
@@ -84,7 +82,7 @@ class Executor:
         """What the running engine was started with, as far as guardian knows (for the diff of the next restart)."""
         self._applied[engine] = self.args_for(engine, details)
 
-    def submit(self, actions: Iterable[Action], wall: float) -> None:
+    def submit(self, actions: Iterable[Action]) -> None:
         for action in actions:
             if action.engine not in self.engines:
                 continue  # the engine left the config since the decision
@@ -97,8 +95,10 @@ class Executor:
                 task = asyncio.create_task(self._restart(action))
                 self._restarts[action.engine] = task
                 task.add_done_callback(lambda _, name=action.engine: self._restarts.pop(name, None))  # type: ignore[misc]
+            elif action.kind == "notify":
+                self._report(action, self.notify(action))  # into the alert lifecycle: no I/O beyond its state file
             else:
-                self._spawn(self._quick(action, wall))
+                self._spawn(self._quick(action))
 
     def finished(self, before: float) -> dict[str, bool]:
         """Restart outcomes that came in before ``before`` (a poll's start), each handed over once."""
@@ -125,18 +125,16 @@ class Executor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _quick(self, action: Action, wall: float) -> None:
+    async def _quick(self, action: Action) -> None:
         act = self.engines[action.engine]
         if action.kind == "gates":
             outcome = await self.gateway.set_gates(action.engine, Gates.for_level(action.level))
-        elif action.kind == "reset_prefix_cache":
+        else:
             outcome = (
                 await act.admin.reset_prefix_cache()
                 if act.admin is not None
                 else Outcome("reset_prefix_cache", "not_enabled", "dev_mode is off for this engine (set it when vLLM runs with VLLM_SERVER_DEV_MODE=1)")
             )  # fmt: skip
-        else:
-            outcome = await self.channel.send(_message(action, wall))
         self._report(action, outcome)
 
     async def _restart(self, action: Action) -> None:
@@ -181,8 +179,3 @@ class Executor:
               outcome=outcome.status, detail=outcome.detail)  # fmt: skip
         self._on_outcome(action, outcome)
 
-
-def _message(action: Action, wall: float) -> Message:
-    at = datetime.fromtimestamp(wall, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-    return Message(action.details.get("severity", "warning"), action.engine, action.level, action.reason,
-                   str(action.details.get("text", "")), at)  # fmt: skip

@@ -7,6 +7,7 @@ resolved message goes to everyone who was told. Around that:
 
 - grouping: alerts that start firing within ``group_wait`` of each other go
   out as one message per recipient (a dying engine raises several at once);
+  Alertmanager's alerts come grouped already and go out at once;
 - escalation: a page nobody acknowledged within ``escalate_after`` goes to
   the next contact of the on-call list as well, and so on down the list;
 - storm limit: at most ``storm_limit_per_hour`` messages per recipient per
@@ -155,7 +156,7 @@ def due(state: AlertState, now: float, p: AlertParams, contacts: tuple[Contact, 
         if quiet:
             continue
         if t.notified_at is None:
-            if group_ready:
+            if group_ready or a.source == "alertmanager":  # Alertmanager grouped it already
                 tell(contacts[0], "firing", t)
                 alerts[key] = replace(t, notified_at=now, first_notified_at=now, reached=max(1, t.reached))
             continue
@@ -206,9 +207,9 @@ def _message(to: Contact, items: list[tuple[Kind, Tracked]], now: float) -> Outg
         facts.append(f"{tag} {t.alert.summary}{again}")
     if firing and any(t.alert.severity == "page" for t in firing):
         facts.append("ack: guardian ack " + " ".join(t.alert.key for t in firing if t.alert.severity == "page"))
-    kind: Kind = "resolved" if kinds == {"resolved"} else "escalation" if "escalation" in kinds else "repeat" if kinds == {"repeat"} else "firing"
+    overall: Kind = "resolved" if kinds == {"resolved"} else "escalation" if "escalation" in kinds else "repeat" if kinds == {"repeat"} else "firing"
     severity: Severity = top if firing else "info"  # type: ignore[assignment]
-    return Outgoing(to, severity, kind, tuple(t.alert.key for _, t in items), tuple(facts))
+    return Outgoing(to, severity, overall, tuple(t.alert.key for _, t in items), tuple(facts))
 
 
 def _summary(to: Contact, held: tuple[str, ...], items: list[tuple[Kind, Tracked]], now: float) -> Outgoing:
