@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from guardian import __version__
 from guardian import config as cfg
@@ -102,6 +103,28 @@ def _parser() -> argparse.ArgumentParser:
                      help="guardian's config: where it listens and the token file (default: /etc/vllm-guardian/guardian.toml)")  # fmt: skip
     brk.add_argument("--who", default=os.environ.get("USER", "operator"), help="your name, for the log (default: $USER)")
 
+    ack = sub.add_parser(
+        "ack",
+        help="acknowledge a firing alert: no more repeats or escalation",
+        description="Acknowledge a firing alert on a running guardian (through its HTTP API; needs the API token). "
+        "The key is in every page: e.g. breaker/llama-8b.",
+    )
+    ack.add_argument("key", help="the alert's key, as the page shows it")
+    ack.add_argument("--config", "-c", type=Path, default=Path("/etc/vllm-guardian/guardian.toml"), metavar="PATH",
+                     help="guardian's config (default: /etc/vllm-guardian/guardian.toml)")  # fmt: skip
+    ack.add_argument("--who", default=os.environ.get("USER", "operator"), help="your name, for the log (default: $USER)")
+
+    test_alert = sub.add_parser(
+        "test-alert",
+        help="send one test SMS through the configured Twilio account",
+        description="Send one SMS to NUMBER with [notify.sms] from the config and the auth token from $TWILIO_AUTH_TOKEN "
+        "(or the twilio-auth-token credential), and print Twilio's answer. --dry-run prints the text and sends nothing.",
+    )
+    test_alert.add_argument("--to", required=True, metavar="NUMBER", help="E.164 number, e.g. +4915112345678")
+    test_alert.add_argument("--config", "-c", type=Path, default=Path("/etc/vllm-guardian/guardian.toml"), metavar="PATH",
+                            help="guardian's config (default: /etc/vllm-guardian/guardian.toml)")  # fmt: skip
+    test_alert.add_argument("--dry-run", action="store_true", help="print the message, send nothing")
+
     sim = sub.add_parser("sim", help="serve simulated vLLM servers (to try guardian run/probe without a GPU)", description="Serve simulated vLLM 0.33 servers on loopback with optional load until Ctrl-C.")
     sim.add_argument("--port", type=int, default=8000, help="port of the first server; 0 = free ports (default: 8000)")
     sim.add_argument("--engines", type=int, default=1, help="servers, on consecutive ports (default: 1)")
@@ -126,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             "analyze": _analyze,
             "replay": _replay,
             "breaker": _breaker,
+            "ack": _ack,
+            "test-alert": _test_alert,
             "sim": _sim,
         }[args.command](args)
     except KeyboardInterrupt:
@@ -269,42 +294,92 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _breaker(args: argparse.Namespace) -> int:
-    import urllib.error
-    import urllib.request
-
     if args.action == "force" and args.level is None:
         print("guardian breaker: force needs a level (0-3), e.g. guardian breaker force llama-8b 2", file=sys.stderr)
         return 2
-    config = _load_or_exit(args.config)
+    body = {"action": args.action, "who": args.who} | ({"level": args.level} if args.action == "force" else {})
+    answer = _call_api("breaker", args.config, f"breaker/{args.engine}", body)
+    if isinstance(answer, int):
+        return answer
+    pinned = f" (pinned by {answer['forced_by']})" if answer.get("forced") else " (the rules decide again)"
+    print(f"{answer['engine']}: L{answer['level']}{pinned}" + (" [dry run]" if answer.get("dry_run") else ""))
+    return 0
+
+
+def _ack(args: argparse.Namespace) -> int:
+    answer = _call_api("ack", args.config, "alerts/ack", {"key": args.key, "who": args.who})
+    if isinstance(answer, int):
+        return answer
+    print(f"{answer['key']}: acknowledged by {answer['acknowledged_by']}; no more repeats or escalation")
+    return 0
+
+
+def _call_api(command: str, config_path: Path, path: str, body: dict[str, object]) -> dict[str, Any] | int:
+    """POST to the running guardian's API with the token from its config; an exit code when that fails."""
+    import urllib.error
+    import urllib.request
+
+    config = _load_or_exit(config_path)
     try:
         token = config.guardian.read_api_token()
     except OSError as exc:
-        print(f"guardian breaker: cannot read the API token: {exc.strerror or exc}", file=sys.stderr)
+        print(f"guardian {command}: cannot read the API token: {exc.strerror or exc}", file=sys.stderr)
         return 2
     if token is None:
-        print(f"guardian breaker: {args.config} sets no guardian.api_token_file: the API is off", file=sys.stderr)
+        print(f"guardian {command}: {config_path} sets no guardian.api_token_file: the API is off", file=sys.stderr)
         return 2
     host, port = cfg.parse_listen(config.guardian.listen)
     host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/api/v1/breaker/{args.engine}"
-    body = {"action": args.action, "who": args.who} | ({"level": args.level} if args.action == "force" else {})
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/api/v1/{path}"
     request = urllib.request.Request(
         url, data=json.dumps(body).encode(), method="POST",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )  # fmt: skip
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
-            answer = json.loads(resp.read())
+            return json.loads(resp.read())  # type: ignore[no-any-return]
     except urllib.error.HTTPError as exc:
-        detail = json.loads(exc.read() or b"{}").get("error", exc.reason)
-        print(f"guardian breaker: {url} answered {exc.code}: {detail}", file=sys.stderr)
+        doc = json.loads(exc.read() or b"{}")
+        extra = f" (firing: {', '.join(doc['firing']) or 'none'})" if "firing" in doc else ""
+        print(f"guardian {command}: {url} answered {exc.code}: {doc.get('error', exc.reason)}{extra}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError) as exc:
-        print(f"guardian breaker: cannot reach guardian at {url}: {getattr(exc, 'reason', exc)}", file=sys.stderr)
+        print(f"guardian {command}: cannot reach guardian at {url}: {getattr(exc, 'reason', exc)}", file=sys.stderr)
         return 1
-    pinned = f" (pinned by {answer['forced_by']})" if answer.get("forced") else " (the rules decide again)"
-    print(f"{answer['engine']}: L{answer['level']}{pinned}" + (" [dry run]" if answer.get("dry_run") else ""))
-    return 0
+
+
+def _test_alert(args: argparse.Namespace) -> int:
+    import socket
+    from datetime import datetime, timezone
+
+    from guardian.notify.sms import TwilioSender, mask, read_token
+    from guardian.notify.sms_text import encode, fit
+
+    config = _load_or_exit(args.config)
+    sms = config.notify.sms
+    if sms is None:
+        print(f"guardian test-alert: {args.config} has no [notify.sms]", file=sys.stderr)
+        return 2
+    try:
+        cfg.ContactSection(name="test", number=args.to)
+    except Exception:
+        print(f"guardian test-alert: {args.to!r} is not an E.164 number like +4915112345678", file=sys.stderr)
+        return 2
+    at = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    body = fit([f"TEST from vllm-guardian on {socket.gethostname()}", f"at {at}", "no action needed"], sms.max_segments)
+    encoded = encode(body)
+    print(f"to {mask(args.to)}: {body!r} ({encoded.encoding}, {encoded.segments} segment{'s' if encoded.segments > 1 else ''})")
+    if args.dry_run:
+        return 0
+    token = read_token()
+    if token is None:
+        print("guardian test-alert: no auth token: set $TWILIO_AUTH_TOKEN (or the twilio-auth-token credential)", file=sys.stderr)
+        return 2
+    sender = TwilioSender(sms.account_sid, token, sms.from_number, sms.messaging_service_sid, sms.status_callback,
+                          sms.timeout_seconds, sms.api_url)  # fmt: skip
+    sent = sender.send(args.to, body)
+    print(f"{sent.result}: {sent.detail}")
+    return 0 if sent.result == "sent" else 1
 
 
 def _sim(args: argparse.Namespace) -> int:
