@@ -461,6 +461,14 @@ class Config(_Model):
                     f"presets.{name}.swap_space_gb: --swap-space no longer exists in vLLM's V1 engine; "
                     "this setting is ignored"
                 )
+        if "sms" in self.notify.channels:
+            from guardian.notify.sms import read_token
+
+            if read_token() is None:
+                notes.append(
+                    "notify.sms: no Twilio auth token in $TWILIO_AUTH_TOKEN or the twilio-auth-token credential: "
+                    "SMS will wait in the outbox until one is configured"
+                )
         host, _ = parse_listen(self.guardian.listen)
         if not _loopback_host(host):
             notes.append(f"guardian.listen: {self.guardian.listen} is reachable from other hosts")
@@ -605,8 +613,17 @@ def _issue(err: Any) -> ConfigIssue:
     if kind.endswith("_type") or kind.endswith("_parsing"):
         return ConfigIssue(key, f"wrong type{shown}: {message.lower()}", "write the value as the example config shows")
     if kind == "string_pattern_mismatch":
-        return ConfigIssue(key, f"invalid value{shown}", "use letters, digits, '.', '_' or '-' (at most 64)")
+        return ConfigIssue(key, f"invalid value{shown}", PATTERN_FIXES.get(str(loc[-1]), PATTERN_FIXES["name"]))
     return ConfigIssue(key, f"{message}{shown}", _range_fix(kind, err.get("ctx") or {}))
+
+
+PATTERN_FIXES = {
+    "name": "use letters, digits, '.', '_' or '-' (at most 64)",
+    "number": "use E.164: '+', the country code and the number, no spaces, e.g. +4915112345678",
+    "from_number": "use E.164: '+', the country code and the number, no spaces, e.g. +15017122661",
+    "account_sid": "use the Account SID from the Twilio console: AC and 32 hex digits",
+    "messaging_service_sid": "use the Messaging Service SID: MG and 32 hex digits",
+}
 
 
 def _range_fix(kind: str, ctx: dict[str, Any]) -> str:

@@ -21,5 +21,5 @@ def require_tool(name: str) -> str:
     if path is None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"{name} is required in CI but not installed (.ci/run installs it)")
-        pytest.skip(f"{name} is not installed (apt-get install prometheus)")
+        pytest.skip(f"{name} is not installed (apt-get install prometheus prometheus-alertmanager)")
     return path

@@ -200,3 +200,38 @@ def test_actions_defaults_and_the_degraded_profile_as_engine_arguments() -> None
     custom = cfg.loads("[actions.degraded]\nkv_cache_dtype = \"fp8_e5m2\"\nmax_num_seqs = 8\nspeculation = true\n")
     assert custom.actions.degraded.layer() == {"kv-cache-dtype": "fp8_e5m2", "max-num-seqs": 8}
     assert _only("[actions.degraded]\nkv_cache_dtype = \"int3\"\n").key == "actions.degraded.kv_cache_dtype"
+
+
+SMS = '[notify.sms]\naccount_sid = "AC0123456789abcdef0123456789abcdef"\nfrom_number = "+15017122661"\n'
+ONCALL = '[[notify.oncall]]\nname = "alice"\nnumber = "+4915112345678"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "says"),
+    [
+        ('[notify]\nchannels = ["sms"]\n' + ONCALL, "notify", "no [notify.sms]"),
+        ('[notify]\nchannels = ["sms"]\n' + SMS, "notify", "names nobody"),
+        ("[[notify.oncall]]\nname = \"bob\"\nnumber = \"015112345678\"\n", "notify.oncall[0].number", "invalid value"),
+        (SMS.replace('from_number = "+15017122661"\n', ""), "notify.sms", "exactly one of from_number and messaging_service_sid"),
+        (SMS + 'api_url = "http://twilio.example.com"\n', "notify.sms", "unencrypted"),
+        ('[notify]\ntimezone = "Mars/Olympus"\n', "notify.timezone", "unknown time zone"),
+        ("[notify]\nquiet_hours = { warning = [7, 7] }\n", "notify.quiet_hours", "two different hours"),
+        ("[notify]\nquiet_hours = { page = [22, 7] }\n", "notify.quiet_hours.page", "Input should be"),
+    ],
+)
+def test_notify_settings_that_would_lose_pages_are_refused(text: str, key: str, says: str) -> None:
+    issue = _only(text)
+    assert issue.key == key and says in issue.message, issue
+
+
+def test_a_bad_phone_number_gets_an_e164_fix() -> None:
+    issue = _only('[[notify.oncall]]\nname = "bob"\nnumber = "0151 12345678"\n')
+    assert "E.164" in issue.fix and "+4915112345678" in issue.fix
+
+
+def test_check_config_warns_when_sms_has_no_token(tmp_path: Path) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text('[notify]\nchannels = ["sms"]\n' + ONCALL + SMS)
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("TWILIO_AUTH_TOKEN", "CREDENTIALS_DIRECTORY")}
+    result = subprocess.run([sys.executable, "-m", "guardian", "check-config", str(path)], capture_output=True, text=True, env=env)
+    assert result.returncode == 0 and "no Twilio auth token" in result.stdout

@@ -22,9 +22,10 @@ from guardian.notify.sms_text import encode, fit
 from guardian.policy.response import Action
 from guardian.state import StateFile
 from tests.fake_twilio import FROM, SID, TOKEN, fake_twilio
-from tests.helpers import free_port
+from tests.helpers import free_port, require_tool
 
 GUARDIAN = [sys.executable, "-m", "guardian"]
+ALERTS = Path(__file__).resolve().parent.parent / "alerts"
 ALICE = Contact("alice", "+4915100000001")
 NUMBER = ALICE.number
 
@@ -391,3 +392,68 @@ def test_alertmanager_payloads_become_alerts() -> None:
     for bad in ({}, {"alerts": [{}]}, {"version": "3", "alerts": []}, {"alerts": [{"labels": {}}]}):
         with pytest.raises(PayloadError):
             parse(bad)
+
+
+def test_the_example_alertmanager_config_is_valid_and_points_at_guardians_receiver() -> None:
+    amtool = require_tool("amtool")
+    example = ALERTS / "alertmanager.yml"
+    check = subprocess.run([amtool, "check-config", str(example)], capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "url: http://127.0.0.1:9400/api/v1/alertmanager" in example.read_text()
+
+
+@pytest.mark.slow
+async def test_a_real_alertmanager_pages_through_guardian(tmp_path: Path) -> None:
+    import asyncio
+
+    from guardian import config as cfg
+    from guardian.daemon import Daemon
+    from guardian.sdnotify import Notifier
+
+    binary = require_tool("prometheus-alertmanager")
+    am_port = free_port()
+    with fake_twilio() as fake:
+        config = cfg.load(_config(tmp_path, 0, fake.url))
+        os.environ["TWILIO_AUTH_TOKEN"] = TOKEN
+        daemon = Daemon(config, notifier=Notifier(address=""))
+        await daemon.start()
+        am = None
+        try:
+            assert daemon.http_address is not None
+            example = (ALERTS / "alertmanager.yml").read_text()
+            am_config = tmp_path / "am.yml"
+            am_config.write_text(
+                example.replace("127.0.0.1:9400", f"127.0.0.1:{daemon.http_address[1]}")
+                .replace("/etc/alertmanager/guardian-api-token", str(tmp_path / "api-token"))
+                .replace("group_wait: 30s", "group_wait: 1s")
+            )
+            am = subprocess.Popen([binary, f"--config.file={am_config}", f"--storage.path={tmp_path / 'am-data'}",
+                                   f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            alert = [{"labels": {"alertname": "GuardianBreakerEmergency", "severity": "page", "engine": "llama",
+                                 "instance": "gpu1:9400"},
+                      "annotations": {"summary": "vLLM engine llama on gpu1:9400 has been at breaker level 3 for a minute"}}]  # fmt: skip
+            posted = False
+            for _ in range(300):
+                if not posted:
+                    try:
+                        request = urllib.request.Request(f"http://127.0.0.1:{am_port}/api/v2/alerts", method="POST",
+                                                         data=json.dumps(alert).encode(),
+                                                         headers={"Content-Type": "application/json"})  # fmt: skip
+                        await asyncio.to_thread(urllib.request.urlopen, request, None, 2)
+                        posted = True
+                    except (OSError, urllib.error.URLError):
+                        pass
+                await daemon._notify_job()
+                if fake.delivered:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            if am is not None:
+                am.kill()
+                am.wait()
+            await daemon.close()
+            del os.environ["TWILIO_AUTH_TOKEN"]
+    (sms,) = fake.delivered
+    assert sms["To"] == NUMBER
+    assert sms["Body"].startswith("PAGE vLLM engine llama on gpu1:9400 has been at breaker level 3 for a minute")
