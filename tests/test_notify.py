@@ -333,10 +333,15 @@ def test_kill_9_before_twilio_could_be_reached_sends_the_page_once_after_restart
         try:
             _wait(lambda: len(fake.delivered) == 1, 30)
             time.sleep(1.5)  # and no second copy
-            status, doc = _post(port, "alerts/ack", {"key": "GuardianEngineUnhealthy/llama", "who": "alice"})
+            acked = subprocess.run([*GUARDIAN, "ack", "GuardianEngineUnhealthy/llama", "--who", "alice", "--config", str(config)],
+                                   capture_output=True, text=True, timeout=30)  # fmt: skip
+            unknown = subprocess.run([*GUARDIAN, "ack", "breaker/none", "--config", str(config)], capture_output=True,
+                                     text=True, timeout=30)  # fmt: skip
         finally:
             _stop(second)
-    assert len(fake.received) == 1 and (status, doc["acknowledged_by"]) == (200, "alice")
+    assert len(fake.received) == 1
+    assert acked.returncode == 0 and acked.stdout.startswith("GuardianEngineUnhealthy/llama: acknowledged by alice"), acked.stderr
+    assert unknown.returncode == 1 and "firing: GuardianEngineUnhealthy/llama" in unknown.stderr
 
 
 async def test_alertmanager_gets_a_5xx_while_the_outbox_cannot_be_written(tmp_path: Path) -> None:
@@ -457,3 +462,36 @@ async def test_a_real_alertmanager_pages_through_guardian(tmp_path: Path) -> Non
     (sms,) = fake.delivered
     assert sms["To"] == NUMBER
     assert sms["Body"].startswith("PAGE vLLM engine llama on gpu1:9400 has been at breaker level 3 for a minute")
+
+
+async def test_the_webhook_channel_posts_json_and_tells_retry_from_refusal() -> None:
+    from aiohttp import ClientSession, web
+
+    from guardian.notify.service import WebhookDeliverer
+
+    got: list[dict] = []  # type: ignore[type-arg]
+    answers = [200, 503, 400]
+
+    async def hook(request: web.Request) -> web.Response:
+        assert request.headers["Authorization"] == "Bearer hook-token"
+        got.append(await request.json())
+        return web.Response(status=answers.pop(0))
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with ClientSession() as session:
+            hook_channel = WebhookDeliverer(f"http://127.0.0.1:{port}/hook", session, token="hook-token")
+            env = Outbox(Path("/nonexistent")).new(channel="webhook", to="alice", severity="page", facts=("PAGE sim0 L3",),
+                                                  keys=("breaker/sim0",), kind="firing", valid_until=2e9)  # fmt: skip
+            results = [(await hook_channel.deliver(env)).result for _ in range(3)]
+    finally:
+        await runner.cleanup()
+    assert results == ["sent", "retry", "permanent"]
+    assert got[0] == {"to": "alice", "severity": "page", "kind": "firing", "alerts": ["breaker/sim0"], "text": "PAGE sim0 L3",
+                      "possibly_duplicate": False, "id": env.id}  # fmt: skip
