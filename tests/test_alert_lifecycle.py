@@ -60,7 +60,7 @@ def test_a_firing_alert_is_told_once_after_the_group_wait_however_often_it_is_se
         c.run(1)
     (msg,) = [o for _, o in c.out]
     assert c.out[0][0] == T0 + 10 and msg.to == ALICE and msg.kind == "firing"
-    assert msg.facts == ("WARNING sim1 L2 over_budget: 12% past the budget",)
+    assert msg.facts == ("WARNING 14:00 UTC sim1 L2 over_budget: 12% past the budget",)  # when it started
 
 
 def test_alerts_raised_together_go_out_as_one_message_worst_first() -> None:
@@ -70,7 +70,7 @@ def test_alerts_raised_together_go_out_as_one_message_worst_first() -> None:
     c.fire(PAGE)
     (msg,) = c.run(20)
     assert msg.severity == "page" and msg.keys == ("breaker/sim0", "breaker/sim1")
-    assert msg.facts[0].startswith("PAGE sim0 L3") and msg.facts[1].startswith("WARNING sim1")
+    assert msg.facts[0].startswith("PAGE 14:00 UTC sim0 L3") and msg.facts[1].startswith("WARNING 14:00 UTC sim1")
     assert msg.facts[-1] == "ack: guardian ack breaker/sim0"
 
 
@@ -98,7 +98,7 @@ def test_a_resolved_alert_sends_one_resolved_message_to_everyone_who_was_told() 
     c.fire(PAGE, firing=False)
     resolved = c.run(5)
     assert sorted(o.to.name for o in resolved) == ["alice", "bob"] and {o.kind for o in resolved} == {"resolved"}
-    assert resolved[0].facts == ("RESOLVED sim0 L3 free_reserve: free 5.4%",)
+    assert resolved[0].facts == ("RESOLVED 14:00 UTC sim0 L3 free_reserve: free 5.4%",)
     assert c.run(3600) == [] and c.state.alerts == {}
 
 

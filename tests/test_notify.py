@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -155,7 +156,7 @@ async def test_retryable_failures_end_in_one_delivered_message(tmp_path: Path, s
     assert n.outbox.all() == []
     last = fake.delivered[-1]["Body"]
     assert last.startswith(POSSIBLY_DUPLICATE) == (outcomes[-1] == "duplicate")
-    assert "PAGE sim0 L3 free_reserve: free 5.4%" in last and "ack: guardian ack breaker/sim0" in last
+    assert "PAGE 14:13 UTC sim0 L3 free_reserve: free 5.4%" in last and "ack: guardian ack breaker/sim0" in last
 
 
 async def test_auth_failures_wait_at_least_a_minute_between_tries(tmp_path: Path) -> None:
@@ -189,7 +190,7 @@ async def test_a_body_refused_as_too_long_is_sent_again_in_one_segment(tmp_path:
         n.tick()
         await _until_empty(n, clock)
     first, second = (r["Body"] for r in fake.received)
-    assert encode(first).segments == 3 and encode(second).segments == 1 and second.startswith("PAGE sim0 L3 oom")
+    assert encode(first).segments == 3 and encode(second).segments == 1 and second.startswith("PAGE 14:13 UTC sim0 L3 oom")
     assert [r[2] for r in results] == ["too_long", "ok"]
 
 
@@ -307,7 +308,7 @@ def test_kill_9_mid_send_resends_the_page_marked_possibly_duplicate(tmp_path: Pa
             log = _stop(second)
     bodies = [r["Body"] for r in fake.received]
     assert len(bodies) == 2 and bodies[1] == f"{POSSIBLY_DUPLICATE} | {bodies[0]}"
-    assert bodies[0].startswith("PAGE vLLM engine llama on gpu1:9400 fails /health")
+    assert re.match(r"PAGE \d\d:\d\d UTC vLLM engine llama on gpu1:9400 fails /health", bodies[0])
     assert "ack: guardian ack GuardianEngineUnhealthy/llama" in bodies[0]
     assert '"event": "notification_outcome_unknown"' in log and '"event": "notification_sent"' in log
     assert TOKEN not in log and NUMBER not in log and mask(NUMBER) in log
@@ -461,7 +462,7 @@ async def test_a_real_alertmanager_pages_through_guardian(tmp_path: Path) -> Non
             del os.environ["TWILIO_AUTH_TOKEN"]
     (sms,) = fake.delivered
     assert sms["To"] == NUMBER
-    assert sms["Body"].startswith("PAGE vLLM engine llama on gpu1:9400 has been at breaker level 3 for a minute")
+    assert re.match(r"PAGE \d\d:\d\d UTC vLLM engine llama on gpu1:9400 has been at breaker level 3 for a minute", sms["Body"])
 
 
 async def test_the_webhook_channel_posts_json_and_tells_retry_from_refusal() -> None:

@@ -61,7 +61,8 @@ def test_entering_l1_shuts_the_long_context_gate_frees_cached_kv_and_warns_in_th
     assert run.transitions == [(BP.l1_sustain_seconds, Level.L0, Level.L1, "fragmentation")]
     assert run.kinds() == ["gates", "reset_prefix_cache", "notify:warning"]
     gates, _, warn = (a for _, a in run.actions)
-    assert gates.level == 1 and "fragmentation_ratio 0.4" in warn.details["text"]
+    assert gates.level == 1 and warn.details["text"] == "fragmentation 40.0%"  # the rule's own number first
+    assert warn.details["more"].startswith("kv 50.0%, over budget 0.0%, free 30.0%")
 
 
 def test_going_back_to_l0_opens_the_gates_and_says_resolved() -> None:

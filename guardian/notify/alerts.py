@@ -186,14 +186,14 @@ def due(state: AlertState, now: float, p: AlertParams, contacts: tuple[Contact, 
         if held.get(number):
             out.append(_summary(contact, held.pop(number), per.pop(number, []), now))
         elif number in per:
-            out.append(_message(contact, per.pop(number), now))
+            out.append(_message(contact, per.pop(number), now, p.zone))
         else:
             continue
         sent[number] = sent.get(number, ()) + (now,)
     return AlertState(alerts, {n: s for n, s in sent.items() if s}, held), out
 
 
-def _message(to: Contact, items: list[tuple[Kind, Tracked]], now: float) -> Outgoing:
+def _message(to: Contact, items: list[tuple[Kind, Tracked]], now: float, zone: tzinfo) -> Outgoing:
     items = sorted(items, key=lambda it: (-RANK[it[1].alert.severity] if it[0] != "resolved" else 1, it[1].first_seen))
     kinds = {k for k, _ in items}
     firing = [t for k, t in items if k != "resolved"]
@@ -204,7 +204,7 @@ def _message(to: Contact, items: list[tuple[Kind, Tracked]], now: float) -> Outg
         again = {"repeat": " (still firing", "escalation": " (not acknowledged"}.get(kind, "")
         if again:
             again += f" after {_span(now - t.first_seen)})"
-        facts.append(f"{tag} {t.alert.summary}{again}")
+        facts.append(f"{tag} {_clock(t.first_seen, zone)} {t.alert.summary}{again}")
     if firing and any(t.alert.severity == "page" for t in firing):
         facts.append("ack: guardian ack " + " ".join(t.alert.key for t in firing if t.alert.severity == "page"))
     overall: Kind = "resolved" if kinds == {"resolved"} else "escalation" if "escalation" in kinds else "repeat" if kinds == {"repeat"} else "firing"
@@ -217,6 +217,11 @@ def _summary(to: Contact, held: tuple[str, ...], items: list[tuple[Kind, Tracked
     top: Severity = "page" if any(t.alert.severity == "page" for _, t in items) else "warning"
     facts = (f"STORM: {len(held)} messages held back by the storm limit", "alerts: " + ", ".join(keys))
     return Outgoing(to, top, "summary", keys, facts)
+
+
+def _clock(t: float, zone: tzinfo) -> str:
+    """When it started, in the on-call's zone: "03:12 CET"."""
+    return datetime.fromtimestamp(t, zone).strftime("%H:%M %Z")
 
 
 def _span(seconds: float) -> str:

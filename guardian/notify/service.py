@@ -152,7 +152,8 @@ class Notifications:
     def record(self, action: Action) -> Outcome:
         """A breaker notify action as an alert: warnings and pages fire, "back to L0" resolves the engine's alerts."""
         severity = action.details.get("severity", "warning")
-        text = f"{action.engine} L{action.level} {action.reason}: {action.details.get('text', '')}"
+        more = action.details.get("more")
+        text = f"{action.engine} L{action.level} {action.reason}: {action.details.get('text', '')}" + (f"; {more}" if more else "")
         now = self._clock()
         if severity == "info":
             for key, tracked in list(self.state.alerts.items()):

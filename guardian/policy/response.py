@@ -158,7 +158,9 @@ def on_transition(name: str, tr: Transition) -> list[Action]:
         if tr.source == Level.L0:
             actions.append(Action("reset_prefix_cache", name, int(tr.target), tr.rule))
         severity: Severity = "page" if tr.target == Level.L3 else "warning"
-        actions.append(_notify(name, tr.target, severity, tr.rule, _numbers_text(tr.numbers)))
+        first, rest = numbers_text(tr.rule, tr.numbers)
+        actions.append(replace(_notify(name, tr.target, severity, tr.rule, first), details={
+            "severity": severity, "text": first, "more": rest}))  # fmt: skip
     elif tr.target == Level.L0:
         actions.append(_notify(name, tr.target, "info", tr.rule, f"back to L0 from L{int(tr.source)}"))
     elif tr.forced:
@@ -217,12 +219,32 @@ def _with_text(a: Action, more: str) -> Action:
     return replace(a, details={**a.details, "text": a.details["text"] + more})
 
 
-def _numbers_text(numbers: Mapping[str, float | int | None]) -> str:
-    return ", ".join(f"{k} {_short(v)}" for k, v in numbers.items() if v is not None)
+# the number behind each rule: told first, before the action taken and the other numbers
+RULE_NUMBER = {
+    "fragmentation": "fragmentation_ratio",
+    "kv_usage": "kv_usage",
+    "over_budget": "over_budget_ratio",
+    "free_reserve": "free_ratio",
+    "oom": "free_ratio",
+    "engine_dead": "health_failures",
+    "preemption_storm": "preemptions_per_second",
+}
 
 
-def _short(v: float | int) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
+def numbers_text(rule: str, numbers: Mapping[str, float | int | None]) -> tuple[str, str]:
+    """("free 5.4%", "kv 31%, over budget 24%, …"): the rule's own number, then the rest, in words a person reads."""
+    key = RULE_NUMBER.get(rule)
+    first = _number(key, numbers[key]) if key and numbers.get(key) is not None else ""
+    rest = ", ".join(_number(k, v) for k, v in numbers.items() if v is not None and k != key)
+    return first or rest, rest if first else ""
+
+
+def _number(key: str, value: float | int) -> str:
+    label = {"kv_usage": "kv", "health_failures": "/health failures", "preemptions_per_second": "preemptions/s"}.get(
+        key, key.removesuffix("_ratio").replace("_", " "))  # fmt: skip
+    if key.endswith("_ratio") or key == "kv_usage":
+        return f"{label} {value * 100:.1f}%"
+    return f"{label} {value:.3g}" if isinstance(value, float) else f"{label} {value}"
 
 
 # -- persistence ------------------------------------------------------------------------------
