@@ -15,6 +15,8 @@ from guardian import config as cfg
 from guardian import logs
 from guardian.sim import scenarios
 
+DEFAULT_CONFIG = Path("/etc/vllm-guardian/guardian.toml")
+
 DESCRIPTION = """\
 vllm-guardian watches vLLM servers and the GPUs under them: NVML memory and
 utilisation, vLLM's KV cache, queues and latency, the vLLM process tree. It
@@ -99,9 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     brk.add_argument("action", choices=["force", "clear"])
     brk.add_argument("engine", help="the engine's name, as in the config")
     brk.add_argument("level", nargs="?", type=int, choices=[0, 1, 2, 3], help="for force: the level to pin")
-    brk.add_argument("--config", "-c", type=Path, default=Path("/etc/vllm-guardian/guardian.toml"), metavar="PATH",
-                     help="guardian's config: where it listens and the token file (default: /etc/vllm-guardian/guardian.toml)")  # fmt: skip
-    brk.add_argument("--who", default=os.environ.get("USER", "operator"), help="your name, for the log (default: $USER)")
+    _operator_args(brk)
 
     ack = sub.add_parser(
         "ack",
@@ -110,9 +110,7 @@ def _parser() -> argparse.ArgumentParser:
         "The key is in every page: e.g. breaker/llama-8b.",
     )
     ack.add_argument("key", help="the alert's key, as the page shows it")
-    ack.add_argument("--config", "-c", type=Path, default=Path("/etc/vllm-guardian/guardian.toml"), metavar="PATH",
-                     help="guardian's config (default: /etc/vllm-guardian/guardian.toml)")  # fmt: skip
-    ack.add_argument("--who", default=os.environ.get("USER", "operator"), help="your name, for the log (default: $USER)")
+    _operator_args(ack)
 
     test_alert = sub.add_parser(
         "test-alert",
@@ -121,8 +119,7 @@ def _parser() -> argparse.ArgumentParser:
         "(or the twilio-auth-token credential), and print Twilio's answer. --dry-run prints the text and sends nothing.",
     )
     test_alert.add_argument("--to", required=True, metavar="NUMBER", help="E.164 number, e.g. +4915112345678")
-    test_alert.add_argument("--config", "-c", type=Path, default=Path("/etc/vllm-guardian/guardian.toml"), metavar="PATH",
-                            help="guardian's config (default: /etc/vllm-guardian/guardian.toml)")  # fmt: skip
+    _operator_args(test_alert, who=False)
     test_alert.add_argument("--dry-run", action="store_true", help="print the message, send nothing")
 
     sim = sub.add_parser("sim", help="serve simulated vLLM servers (to try guardian run/probe without a GPU)", description="Serve simulated vLLM 0.33 servers on loopback with optional load until Ctrl-C.")
@@ -133,6 +130,14 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--ports-file", type=Path, metavar="PATH", help="write the servers' URLs here, one per line, once listening")
     return parser
+
+
+def _operator_args(parser: argparse.ArgumentParser, who: bool = True) -> None:
+    """--config (where guardian listens, its token file, its Twilio account) and --who, for the commands an operator types."""
+    parser.add_argument("--config", "-c", type=Path, default=DEFAULT_CONFIG, metavar="PATH",
+                        help=f"guardian's config: where it listens, the token file (default: {DEFAULT_CONFIG})")  # fmt: skip
+    if who:
+        parser.add_argument("--who", default=os.environ.get("USER", "operator"), help="your name, for the log (default: $USER)")
 
 
 def main(argv: list[str] | None = None) -> int:

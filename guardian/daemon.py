@@ -509,28 +509,21 @@ class Daemon:
 
     def _restore_state(self) -> None:
         """Start from the saved level and restart history; a corrupt file is set aside and spends the budget."""
+        offset = time.time() - time.monotonic()
         try:
-            loaded = self._state.load()
+            loaded = self._state.load(lambda data: {name: response.from_disk(doc, offset) for name, doc in data["engines"].items()})
         except OSError as exc:
             log.error("state_unreadable", file=str(self._state.path), reason=exc.strerror or str(exc),
                       detail="starting at L0 with no restart history")  # fmt: skip
             return
-        offset = time.time() - time.monotonic()
         if loaded.quarantined is not None:
             log.error("state_quarantined", file=str(self._state.path), moved_to=str(loaded.quarantined),
                       reason=loaded.reason, detail="starting conservatively: the restart budget counts as spent for one window")  # fmt: skip
             self._spend_budget()
             return
-        if loaded.data is None:
+        if loaded.value is None:
             return
-        try:
-            engines = {name: response.from_disk(doc, offset) for name, doc in loaded.data["engines"].items()}
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            aside = self._state._quarantine(f"unexpected content ({type(exc).__name__}: {exc})")
-            log.error("state_quarantined", file=str(self._state.path), moved_to=str(aside.quarantined),
-                      reason=aside.reason, detail="starting conservatively: the restart budget counts as spent for one window")  # fmt: skip
-            self._spend_budget()
-            return
+        engines: dict[str, response.EngineState] = loaded.value
         for name, state in engines.items():
             if name in self.pipeline.states:
                 self.pipeline.states[name] = state

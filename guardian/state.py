@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class Loaded:
     data: dict[str, Any] | None  # None: no state yet, or it was set aside
     quarantined: Path | None = None  # where a corrupt file was moved
     reason: str | None = None  # why it was set aside
+    value: Any = None  # what ``parse`` made of ``data``
 
 
 class StateFile:
@@ -33,7 +34,8 @@ class StateFile:
     def save(self, data: dict[str, Any]) -> None:
         atomic_write(self.path, json.dumps({"version": self.version, "data": data}, sort_keys=True).encode())
 
-    def load(self) -> Loaded:
+    def load(self, parse: Callable[[dict[str, Any]], Any] | None = None) -> Loaded:
+        """The saved document; ``parse`` turns it into the caller's value, and a document it cannot read is set aside too."""
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
@@ -46,7 +48,12 @@ class StateFile:
             return self._quarantine("not a guardian state document")
         if doc.get("version") != self.version:
             return self._quarantine(f"version {doc.get('version')!r}, expected {self.version}")
-        return Loaded(doc["data"])
+        if parse is None:
+            return Loaded(doc["data"])
+        try:
+            return Loaded(doc["data"], value=parse(doc["data"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            return self._quarantine(f"unexpected content ({type(exc).__name__}: {exc})")
 
     def _quarantine(self, reason: str) -> Loaded:
         aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")

@@ -262,10 +262,15 @@ async def test_a_leak_step_is_found_exported_and_logged(cluster: SimCluster, cap
     daemon = await _daemon(config, cluster)
     gpu = cluster.gpus[0]
     try:
-        for i in range(60):
-            if i == 15:
-                gpu.overhang_bytes += int(0.02 * gpu.total_bytes)
+        settled = 0  # polls since the detector's warm-up ended: the step comes after it, however fast polls are
+        for _ in range(120):
             snap = await daemon.poll_once()
+            if not snap.memory.leaks["engine/sim0/gpu"].warming_up:  # type: ignore[union-attr]
+                settled += 1
+            if settled == 5:
+                gpu.overhang_bytes += int(0.02 * gpu.total_bytes)
+            if settled == 50:
+                break
             await asyncio.sleep(0.02)
         text = daemon.metrics.render().decode()
         status = exporter.status(snap, 0, 1)

@@ -131,15 +131,16 @@ class Notifications:
 
     def start(self) -> None:
         try:
-            loaded = self._state_file.load()
-            if loaded.quarantined is not None:
-                log.error("alert_state_quarantined", moved_to=str(loaded.quarantined), reason=loaded.reason)
-            elif loaded.data is not None:
-                self.state = from_disk(loaded.data)
-                self._saved = loaded.data
-        except (OSError, KeyError, TypeError, ValueError) as exc:
-            log.error("alert_state_unreadable", file=str(self._state_file.path), reason=str(exc),
+            loaded = self._state_file.load(from_disk)
+        except OSError as exc:
+            log.error("alert_state_unreadable", file=str(self._state_file.path), reason=exc.strerror or str(exc),
                       detail="starting with no alerts: firing ones are told again")  # fmt: skip
+        else:
+            if loaded.quarantined is not None:
+                log.error("alert_state_quarantined", moved_to=str(loaded.quarantined), reason=loaded.reason,
+                          detail="starting with no alerts: firing ones are told again")  # fmt: skip
+            elif loaded.value is not None:
+                self.state, self._saved = loaded.value, loaded.data
         try:
             for env in self.outbox.recover():
                 log.warning("notification_outcome_unknown", channel=env.channel, to=_shown(env), keys=list(env.keys),

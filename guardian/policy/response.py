@@ -234,7 +234,8 @@ RULE_NUMBER = {
 def numbers_text(rule: str, numbers: Mapping[str, float | int | None]) -> tuple[str, str]:
     """("free 5.4%", "kv 31%, over budget 24%, …"): the rule's own number, then the rest, in words a person reads."""
     key = RULE_NUMBER.get(rule)
-    first = _number(key, numbers[key]) if key and numbers.get(key) is not None else ""
+    value = numbers.get(key) if key else None
+    first = _number(key, value) if key and value is not None else ""
     rest = ", ".join(_number(k, v) for k, v in numbers.items() if v is not None and k != key)
     return first or rest, rest if first else ""
 
