@@ -57,3 +57,16 @@ def test_kill_9_while_saving_leaves_the_old_or_the_new_state(tmp_path: Path) -> 
         proc.wait()
         loaded = StateFile(path).load()
         assert loaded.quarantined is None and loaded.data is not None and loaded.data["pad"] == "x" * 20000
+
+
+def test_content_the_reader_cannot_use_is_quarantined_too(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    StateFile(path).save({"engines": {"a": {"level": "high"}}})
+
+    def parse(data: dict) -> int:  # type: ignore[type-arg]
+        return int(data["engines"]["a"]["level"])
+
+    loaded = StateFile(path).load(parse)
+    assert loaded.value is None and loaded.quarantined is not None and "unexpected content (ValueError" in loaded.reason
+    StateFile(path).save({"engines": {"a": {"level": "2"}}})
+    assert StateFile(path).load(parse).value == 2
