@@ -376,6 +376,52 @@ class NotifySection(_Model):
         )  # fmt: skip
 
 
+class BucketSection(_Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    max_tokens: int = Field(ge=1, le=10_000_000)  # estimated prompt tokens, inclusive
+    engines: list[str] = []  # the upstream pool; empty: every engine
+    preemptible: bool = False  # low priority by nature
+
+
+DEFAULT_BUCKETS = [
+    BucketSection(name="short", max_tokens=4096),
+    BucketSection(name="long", max_tokens=32768),
+    BucketSection(name="very-long", max_tokens=128000, preemptible=True),
+]
+
+
+class GatewaySection(_Model):
+    """The admission gateway: clients send their OpenAI requests here instead of to vLLM."""
+
+    listen: str = "127.0.0.1:9401"
+    buckets: list[BucketSection] = DEFAULT_BUCKETS
+    chars_per_token: float = Field(4.0, gt=0, le=64)  # calibrate per model: prompt characters per token
+    long_context_tokens: int = Field(32768, ge=1)  # at breaker L1, prompts estimated above this get 503
+    concurrency: int = Field(64, ge=1, le=100_000)  # requests in flight per engine (the effective batch)
+    queue_size: int = Field(256, ge=0, le=1_000_000)  # waiting per engine; past it 429
+    queue_deadline_seconds: float = Field(30.0, gt=0, le=3600)  # waiting longer: 429 with Retry-After
+    priority_header: str = "x-guardian-priority"  # high or low
+    high_priority_keys_file: Path | None = None  # API keys (one a line) whose requests are high priority
+    inject_priority: bool = False  # set vLLM's "priority" field (needs --scheduling-policy priority)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        parse_listen(value)
+        return value
+
+    @field_validator("buckets")
+    @classmethod
+    def _ordered(cls, buckets: list[BucketSection]) -> list[BucketSection]:
+        if not buckets:
+            raise Problem("no buckets: every request would be refused", "remove the key to get the three default buckets")
+        for a, b in zip(buckets, buckets[1:]):
+            if b.max_tokens <= a.max_tokens:
+                raise Problem(f"bucket {b.name!r} (max_tokens {b.max_tokens}) does not come after {a.name!r} "
+                              f"({a.max_tokens})", "list buckets from the shortest to the longest")  # fmt: skip
+        return buckets
+
+
 class FragmentationSection(_Model):
     # share of the engine's memory that is KV pool, when vLLM does not report kv_cache_memory_bytes
     kv_pool_share: float = Field(0.7, gt=0, lt=1)
@@ -389,6 +435,7 @@ class Config(_Model):
     breaker: BreakerParams = BreakerParams()
     actions: ActionsSection = ActionsSection()
     notify: NotifySection = NotifySection()
+    gateway: GatewaySection | None = None
     leak: LeakParams = LeakParams()
     fragmentation: FragmentationSection = FragmentationSection()
 
@@ -430,6 +477,20 @@ class Config(_Model):
                 "the smallest step must be smaller than the rise that makes a leak",
             )
         return params
+
+    @model_validator(mode="after")
+    def _gateway_pools(self) -> Config:
+        if self.gateway is None:
+            return self
+        if not self.engines:
+            raise Problem("[gateway] has no engine to send requests to", "add [[engines]]")
+        names = {e.name for e in self.engines}
+        for bucket in self.gateway.buckets:
+            unknown = [e for e in bucket.engines if e not in names]
+            if unknown:
+                raise Problem(f"gateway bucket {bucket.name!r} names engines that are not configured: {', '.join(unknown)}",
+                              f"use names of [[engines]]: {', '.join(sorted(names))}")  # fmt: skip
+        return self
 
     @field_validator("engines")
     @classmethod

@@ -42,6 +42,8 @@ from guardian.actions.outcome import Outcome
 from guardian.actions.vllm_admin import VllmAdmin
 from guardian.analysis.memory import MemoryReport
 from guardian.exporter import Metrics, make_app
+from guardian.gateway.proxy import GatewayMetrics, GatewayServer, GatewaySettings
+from guardian.policy.buckets import Bucket
 from guardian.notify.outbox import Outbox
 from guardian.notify.service import Deliverer, Notifications, Settings, SmsDeliverer, WebhookDeliverer
 from guardian.notify.sms import TwilioSender, read_token
@@ -133,7 +135,8 @@ class Daemon:
         self.pipeline = Pipeline(config, psutil.virtual_memory().total)
         self.dry_run = dry_run or config.actions.dry_run
         self._launchers = dict(launchers or {})  # the simulator's, in the demo and tests
-        self._gateway = gateway or NoGateway()
+        self._gateway: Gateway = gateway or NoGateway()
+        self.gateway: GatewayServer | None = None  # the admission gateway, when [gateway] is configured
         self._deliverers = deliverers  # tests bring their own; else from [notify]
         self.notifications: Notifications | None = None
         self.executor: Executor | None = None
@@ -157,6 +160,8 @@ class Daemon:
         for note in self.config.warnings():
             log.warning("config_warning", detail=note)
         self._restore_state()
+        if self.config.gateway is not None:
+            await self._start_gateway(self.config)
         self.notifications = self._build_notifications(self.config)
         self.notifications.start()
         self.executor = self._build_executor(self.config)
@@ -215,6 +220,8 @@ class Daemon:
             self._scheduler.shutdown(wait=False)
         if self.executor is not None:
             await self.executor.close()
+        if self.gateway is not None:
+            await self.gateway.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -329,6 +336,8 @@ class Daemon:
             self.executor.engines = self._actuators(new)
             self.executor.degraded = new.actions.degraded.layer()
             self.executor.timeouts = new.actions.timeouts
+        if new.gateway != old.gateway:
+            log.warning("config_reload_partial", key="gateway", detail="the gateway's settings change only on restart")
         if new.guardian.state_dir != old.guardian.state_dir:
             log.warning("config_reload_partial", key="guardian.state_dir", running=str(old.guardian.state_dir),
                         new=str(new.guardian.state_dir), detail="the state directory changes only on restart")  # fmt: skip
@@ -568,6 +577,21 @@ class Daemon:
         self._state_log.observe(None, None)
         self._saved = data
 
+    async def _start_gateway(self, config: cfg.Config) -> None:
+        g = config.gateway
+        assert g is not None
+        settings = gateway_settings(config)
+        api_keys = {e.name: e.read_api_key() for e in config.engines}
+        self.gateway = GatewayServer(settings, {e.name: e.url for e in config.engines}, GatewayMetrics(self.metrics.registry), api_keys)
+        host, port = cfg.parse_listen(g.listen)
+        try:
+            await self.gateway.start(host, port)
+        except OSError as exc:
+            raise StartupError(f"cannot listen on {g.listen} (gateway.listen): {exc.strerror or exc}") from None
+        self._gateway = self.gateway
+        log.info("gateway_started", listen=f"{self.gateway.address[0]}:{self.gateway.address[1]}" if self.gateway.address else None,
+                 buckets=[f"{b.name}<={b.max_tokens}" for b in settings.buckets])  # fmt: skip
+
     def _build_notifications(self, config: cfg.Config) -> Notifications:
         n = config.notify
         contacts = tuple(Contact(c.name, c.number) for c in n.oncall) or (LOG_ONLY,)  # the lifecycle runs, the log tells
@@ -724,6 +748,21 @@ def _with_processes(
     if procs is None:
         return reading
     return replace(reading, processes=procs[0], process_error=procs[1])
+
+
+def gateway_settings(config: cfg.Config) -> GatewaySettings:
+    g = config.gateway
+    assert g is not None
+    every = tuple(e.name for e in config.engines)
+    keys: frozenset[str] = frozenset()
+    if g.high_priority_keys_file is not None:
+        keys = frozenset(line.strip() for line in g.high_priority_keys_file.read_text().splitlines() if line.strip())
+    return GatewaySettings(
+        buckets=tuple(Bucket(b.name, b.max_tokens, tuple(b.engines) or every, b.preemptible) for b in g.buckets),
+        chars_per_token=g.chars_per_token, long_context_tokens=g.long_context_tokens, concurrency=g.concurrency,
+        queue_size=g.queue_size, queue_deadline_seconds=g.queue_deadline_seconds, priority_header=g.priority_header.lower(),
+        high_priority_keys=keys, inject_priority=g.inject_priority,
+    )  # fmt: skip
 
 
 def record_header(config: cfg.Config, host_memory: float | None) -> dict[str, Any]:

@@ -54,6 +54,7 @@ def demo_config(cluster: SimCluster, port: int, interval: float, state_dir: Path
         leak=DEMO_LEAK,
         breaker=dataclasses.replace(DEMO_BREAKER, **cluster.scenario.breaker),  # type: ignore[arg-type]
         actions=DEMO_ACTIONS,
+        gateway=cfg.GatewaySection(listen="127.0.0.1:0", queue_deadline_seconds=60.0),
         engines=[
             cfg.EngineSection(
                 name=f"sim{i}",
@@ -97,11 +98,14 @@ async def run_demo(
         print(f"  guardian metrics  {base}/metrics", file=out)
         print(f"  guardian status   {base}/status", file=out)
         print(f"  guardian health   {base}/healthz", file=out)
+        assert daemon.gateway is not None and daemon.gateway.address is not None
+        via = f"http://{daemon.gateway.address[0]}:{daemon.gateway.address[1]}"
+        print(f"  guardian gateway  {via}/v1/completions   (the load goes through it)", file=out)
         for i, url in enumerate(cluster.urls):
             print(f"  simulated vLLM sim{i}  {url}   (try: guardian probe --vllm {url})", file=out)
         until = "Ctrl-C to stop" if duration <= 0 else f"running for {duration:g}s, Ctrl-C to stop early"
         print(f"  {until}; a summary every {summary_every:g}s", file=out, flush=True)
-        load = asyncio.create_task(cluster.run_load(None if duration <= 0 else duration))
+        load = asyncio.create_task(cluster.run_load(None if duration <= 0 else duration, via=via))
         started = time.monotonic()
         while not stop.is_set() and (duration <= 0 or time.monotonic() - started < duration):
             left = summary_every if duration <= 0 else min(summary_every, duration - (time.monotonic() - started))

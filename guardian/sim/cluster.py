@@ -60,10 +60,11 @@ class SimCluster:
         self.started_at = time.monotonic()
         self._tasks.append(asyncio.create_task(self._faults()))
 
-    async def run_load(self, duration: float | None) -> None:
+    async def run_load(self, duration: float | None, via: str | None = None) -> None:
+        """One generator per engine, at each engine's URL, or all at ``via`` (guardian's gateway)."""
         model = self.scenario.engine.model_name
         self.loadgens = [
-            LoadGenerator(s.url, self.scenario, model, seed=self.seed * 1000 + i) for i, s in enumerate(self.servers)
+            LoadGenerator(via or s.url, self.scenario, model, seed=self.seed * 1000 + i) for i, s in enumerate(self.servers)
         ]
         await asyncio.gather(*(g.run(duration) for g in self.loadgens))
 

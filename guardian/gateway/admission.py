@@ -1,0 +1,125 @@
+"""Admission to one upstream engine: a concurrency cap, and a bounded two-lane queue in front of it.
+
+Bursts wait in the queue instead of reaching vLLM all at once; a full queue,
+or a request still waiting at its deadline, is answered 429 with
+Retry-After (the client's retry beats a request vLLM would only queue
+deeper). High priority goes first, but every ``low_every``-th free slot goes
+to the low lane when both wait, so low priority cannot starve under
+sustained high load.
+
+The breaker's gates act here: ``pause_low`` (L2) keeps the low lane
+waiting (until the gate opens, or 429 at the deadline); ``high_only`` (L3)
+refuses the low lane at once. ``drain`` (a restart) stops dispatching and
+waits until nothing is in flight; queued requests wait for ``admit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+Lane = Literal["high", "low"]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int  # 429 or 503
+    reason: str
+    retry_after: int  # seconds
+
+
+class Admission:
+    def __init__(self, cap: int, queue_size: int, low_every: int = 4) -> None:
+        self.cap = cap
+        self.queue_size = queue_size
+        self.low_every = low_every
+        self.in_flight = 0
+        self.pause_low = False
+        self.high_only = False
+        self.draining = False
+        self._queues: dict[Lane, deque[asyncio.Future[None]]] = {"high": deque(), "low": deque()}
+        self._high_streak = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def queued(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    async def acquire(self, lane: Lane, deadline_seconds: float) -> Refusal | None:
+        """None once the request may go upstream (then ``release`` it); else why not."""
+        if lane == "low" and self.high_only:
+            return Refusal(503, "the engine is in an emergency (breaker L3): only high-priority requests are admitted", 30)
+        if self._may_dispatch(lane) and not self.queued:
+            self._take(lane)
+            return None
+        if self.queued >= self.queue_size:
+            return Refusal(429, f"the queue in front of the engine is full ({self.queue_size} waiting)", 1)
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queues[lane].append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), deadline_seconds)
+            return None
+        except asyncio.TimeoutError:
+            if waiter.done() and not waiter.cancelled():  # granted as the deadline passed: keep it
+                return None
+            waiter.cancel()
+            self._queues[lane].remove(waiter)
+            why = "low-priority work is paused (breaker L2)" if lane == "low" and self.pause_low else "the engine is busy"
+            return Refusal(429, f"{why}: waited {deadline_seconds:g}s in the queue", max(1, int(deadline_seconds / 2)))
+        except asyncio.CancelledError:  # the client went away while waiting
+            if waiter.done() and not waiter.cancelled():
+                self.release()
+            elif waiter in self._queues[lane]:
+                self._queues[lane].remove(waiter)
+            raise
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        """Hand free slots to waiting requests: high first, the low lane every ``low_every``-th slot."""
+        while True:
+            lane = self._next_lane()
+            if lane is None:
+                return
+            waiter = self._queues[lane].popleft()
+            if waiter.done():
+                continue
+            self._take(lane)
+            waiter.set_result(None)
+
+    async def drain(self, timeout: float) -> int:
+        """Stop dispatching; wait until nothing is in flight. Returns what is still in flight at the timeout."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        return self.in_flight
+
+    def admit(self) -> None:
+        self.draining = False
+        self.dispatch()
+
+    def _may_dispatch(self, lane: Lane) -> bool:
+        if self.draining or self.in_flight >= self.cap:
+            return False
+        return not (lane == "low" and (self.pause_low or self.high_only))
+
+    def _next_lane(self) -> Lane | None:
+        high = bool(self._queues["high"]) and self._may_dispatch("high")
+        low = bool(self._queues["low"]) and self._may_dispatch("low")
+        if high and low:
+            return "low" if self._high_streak >= self.low_every else "high"
+        return "high" if high else "low" if low else None
+
+    def _take(self, lane: Lane) -> None:
+        self._high_streak = self._high_streak + 1 if lane == "high" else 0
+        self.in_flight += 1
+        self._idle.clear()

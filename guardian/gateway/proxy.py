@@ -1,0 +1,244 @@
+"""The admission gateway: an OpenAI-compatible reverse proxy in front of local vLLM servers.
+
+Clients point at guardian instead of vLLM. For ``/v1/completions`` and
+``/v1/chat/completions`` guardian estimates the prompt's length, picks the
+bucket and with it the upstream pool (``policy/buckets.py``), takes the
+request's lane (``x-guardian-priority: high|low``, or an API key listed as
+high priority; the preemptible bucket is low by nature), applies the
+breaker's gates of the chosen engine, waits for admission (``admission.py``)
+and streams the request and the answer through unchanged, byte for byte:
+SSE chunks are written as they arrive, a client that goes away cancels the
+upstream request, upstream errors pass through with their status and body.
+Everything else (``/v1/models``, ``/v1/embeddings``, ``/tokenize``, …) is
+passed through to the first engine.
+
+It is also the breaker's ``Gateway``: ``set_gates`` (L1 refuse long
+contexts with 503 + Retry-After and a JSON error that says why; L2 pause the
+low lane; L3 high priority only), ``drain`` and ``admit`` for restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from guardian import logs
+from guardian.actions.gateway import Gates
+from guardian.actions.outcome import Outcome
+from guardian.gateway.admission import Admission, Lane, Refusal
+from guardian.policy.buckets import Bucket, choose, prompt_chars
+
+log = logs.get("guardian.gateway")
+
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+              "transfer-encoding", "upgrade", "host", "content-length"}  # fmt: skip
+GENERATE = ("/v1/completions", "/v1/chat/completions")
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    buckets: tuple[Bucket, ...]  # sorted by max_tokens
+    chars_per_token: float = 4.0
+    long_context_tokens: int = 32768  # L1 refuses prompts estimated above this
+    concurrency: int = 64  # per engine: the effective batch
+    queue_size: int = 256  # per engine
+    queue_deadline_seconds: float = 30.0
+    priority_header: str = "x-guardian-priority"
+    high_priority_keys: frozenset[str] = frozenset()
+    inject_priority: bool = False  # only when vLLM runs with --scheduling-policy priority
+    upstream_timeout_seconds: float = 600.0
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.requests = Counter("guardian_gateway_requests", "Requests through the gateway, by lane, bucket and outcome.",
+                                ["lane", "bucket", "outcome"], registry=r)  # fmt: skip
+        self.queue_wait = Histogram("guardian_gateway_queue_wait_seconds", "Time requests waited for admission.",
+                                    buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30), registry=r)  # fmt: skip
+        self.decision = Histogram("guardian_gateway_decision_seconds", "Bucket and lane decision time per request.",
+                                  buckets=(5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3), registry=r)  # fmt: skip
+        self.upstream = Histogram("guardian_gateway_upstream_seconds", "Time from admission to the end of the answer.",
+                                  buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)  # fmt: skip
+        self.in_flight = Gauge("guardian_gateway_in_flight", "Requests admitted and not finished, per engine.", ["engine"], registry=r)
+        self.queued = Gauge("guardian_gateway_queued", "Requests waiting for admission, per engine.", ["engine"], registry=r)
+
+
+class GatewayServer:
+    def __init__(
+        self, settings: GatewaySettings, upstreams: Mapping[str, str], metrics: GatewayMetrics,
+        api_keys: Mapping[str, str | None] | None = None,
+    ) -> None:  # fmt: skip
+        self.settings = settings
+        self.upstreams = {name: url.rstrip("/") for name, url in upstreams.items()}
+        self.metrics = metrics
+        self.api_keys = dict(api_keys or {})  # engine -> key to send upstream (replaces the client's)
+        self.admission = {name: Admission(settings.concurrency, settings.queue_size) for name in self.upstreams}
+        self.gates = {name: Gates() for name in self.upstreams}
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self.address: tuple[str, int] | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self, host: str, port: int) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+            timeout=aiohttp.ClientTimeout(total=self.settings.upstream_timeout_seconds),
+            auto_decompress=False,
+        )
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        for path in GENERATE:
+            app.router.add_post(path, self._generate)
+        app.router.add_route("*", "/{tail:.*}", self._passthrough)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr, attr-defined]
+        bound = sockets[0].getsockname() if sockets else (host, port)
+        self.address = (bound[0], bound[1])
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    # -- the breaker's Gateway ----------------------------------------------------------------
+
+    async def set_gates(self, engine: str, gates: Gates) -> Outcome:
+        if engine not in self.admission:
+            return Outcome("gates", "not_configured", f"the gateway has no upstream {engine!r}")
+        self.gates[engine] = gates
+        adm = self.admission[engine]
+        adm.pause_low, adm.high_only = gates.pause_low_priority, gates.high_priority_only
+        adm.dispatch()
+        return Outcome("gates", "done", f"refuse long contexts: {gates.refuse_long_context}, pause low: "
+                                        f"{gates.pause_low_priority}, high only: {gates.high_priority_only}")  # fmt: skip
+
+    async def drain(self, engine: str, timeout: float = 120.0) -> Outcome:
+        if engine not in self.admission:
+            return Outcome("drain", "not_configured", f"the gateway has no upstream {engine!r}")
+        left = await self.admission[engine].drain(timeout)
+        if left:
+            return Outcome("drain", "timeout", f"{left} requests still in flight after {timeout:g}s")
+        return Outcome("drain", "done", "no request in flight; new ones wait in the gateway's queue")
+
+    async def admit(self, engine: str) -> Outcome:
+        if engine not in self.admission:
+            return Outcome("admit", "not_configured", f"the gateway has no upstream {engine!r}")
+        self.admission[engine].admit()
+        return Outcome("admit", "done", "admitting again")
+
+    # -- requests -------------------------------------------------------------------------------
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body: Any = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "The request body is not valid JSON.", "BadRequestError")
+        started = time.perf_counter()
+        s = self.settings
+        choice = choose(s.buckets, prompt_chars(body), s.chars_per_token)
+        lane = self._lane(request, choice.bucket)
+        self.metrics.decision.observe(time.perf_counter() - started)
+        if choice.bucket is None:
+            self.metrics.requests.labels(lane, "none", "too_long").inc()
+            largest = s.buckets[-1].max_tokens if s.buckets else 0
+            return _error(400, f"The prompt is about {choice.tokens} tokens, longer than the largest bucket "
+                               f"({largest} tokens) this gateway serves.", "BadRequestError")  # fmt: skip
+        bucket = choice.bucket.name
+        engine = self._pick(choice.bucket.engines)
+        if self.gates[engine].refuse_long_context and choice.tokens > s.long_context_tokens:
+            self.metrics.requests.labels(lane, bucket, "refused_long").inc()
+            return _refused(Refusal(503, f"long-context requests (about {choice.tokens} tokens, above "
+                                         f"{s.long_context_tokens}) are refused while {engine}'s KV cache is "
+                                         "fragmented (breaker L1)", 60))  # fmt: skip
+        if s.inject_priority and isinstance(body, dict):
+            body["priority"] = 0 if lane == "high" else 10
+            raw = json.dumps(body).encode()
+        admission = self.admission[engine]
+        waited = time.perf_counter()
+        self._gauges(engine)
+        refusal = await admission.acquire(lane, s.queue_deadline_seconds)
+        self.metrics.queue_wait.observe(time.perf_counter() - waited)
+        if refusal is not None:
+            self.metrics.requests.labels(lane, bucket, f"refused_{refusal.status}").inc()
+            self._gauges(engine)
+            return _refused(refusal)
+        self._gauges(engine)
+        begun = time.perf_counter()
+        try:
+            response = await self._forward(request, engine, raw)
+            self.metrics.requests.labels(lane, bucket, str(response.status)).inc()
+            return response
+        except asyncio.CancelledError:
+            self.metrics.requests.labels(lane, bucket, "client_gone").inc()
+            raise
+        finally:
+            self.metrics.upstream.observe(time.perf_counter() - begun)
+            admission.release()
+            self._gauges(engine)
+
+    async def _passthrough(self, request: web.Request) -> web.StreamResponse:
+        engine = next(iter(self.upstreams))
+        return await self._forward(request, engine, await request.read())
+
+    async def _forward(self, request: web.Request, engine: str, data: bytes) -> web.StreamResponse:
+        assert self._session is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        key = self.api_keys.get(engine)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        url = self.upstreams[engine] + request.rel_url.path_qs
+        try:
+            async with self._session.request(request.method, url, data=data or None, headers=headers) as up:
+                response = web.StreamResponse(status=up.status, reason=up.reason)
+                for k, v in up.headers.items():
+                    if k.lower() not in HOP_BY_HOP:
+                        response.headers.add(k, v)
+                await response.prepare(request)
+                async for chunk in up.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except (aiohttp.ClientConnectorError, asyncio.TimeoutError) as exc:
+            return _error(502, f"the gateway could not reach {engine}: {type(exc).__name__}", "BadGatewayError")
+
+    def _lane(self, request: web.Request, bucket: Bucket | None) -> Lane:
+        asked = request.headers.get(self.settings.priority_header, "").strip().lower()
+        if asked in ("high", "low"):
+            return asked  # type: ignore[return-value]
+        auth = request.headers.get("Authorization", "")
+        if auth.startswith("Bearer ") and auth[7:].strip() in self.settings.high_priority_keys:
+            return "high"
+        return "low" if bucket is not None and bucket.preemptible else "high"
+
+    def _pick(self, engines: Sequence[str]) -> str:
+        """The least loaded engine of the pool that is not draining (a draining one only when all are)."""
+        candidates = [e for e in engines if e in self.admission] or list(self.admission)
+        open_ = [e for e in candidates if not self.admission[e].draining] or candidates
+        return min(open_, key=lambda e: self.admission[e].in_flight + self.admission[e].queued)
+
+    def _gauges(self, engine: str) -> None:
+        self.metrics.in_flight.labels(engine).set(self.admission[engine].in_flight)
+        self.metrics.queued.labels(engine).set(self.admission[engine].queued)
+
+
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": status}},
+                             status=status, headers=headers)  # fmt: skip
+
+
+def _refused(refusal: Refusal) -> web.Response:
+    kind = "RateLimitError" if refusal.status == 429 else "ServiceUnavailableError"
+    return _error(refusal.status, refusal.reason, kind, {"Retry-After": str(refusal.retry_after)})
