@@ -1,0 +1,267 @@
+"""The admission gateway: byte-exact streaming, cancellation, buckets, lanes, the queue, the breaker's gates, drain."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from guardian.actions.gateway import Gates
+from guardian.gateway.proxy import GatewayMetrics, GatewayServer, GatewaySettings
+from guardian.policy.buckets import Bucket, choose, prompt_chars
+
+SSE = b"".join(f'data: {{"id":"cmpl-1","choices":[{{"text":" tok{i}"}}]}}\n\n'.encode() for i in range(20)) + b"data: [DONE]\n\n"
+
+
+@dataclass
+class Upstream:
+    """A stand-in vLLM: records what it got, answers slowly when asked, streams a fixed SSE body."""
+
+    name: str
+    delay: float = 0.0
+    got: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    cancelled: int = 0
+    running: int = 0
+    url: str = ""
+    runner: web.AppRunner | None = None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.got.append(body)
+        self.headers.append(dict(request.headers))
+        self.running += 1
+        try:
+            if body.get("stream"):
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Upstream": self.name})
+                await resp.prepare(request)
+                for i in range(0, len(SSE), 37):  # odd chunk sizes: frames split across writes
+                    await resp.write(SSE[i : i + 37])
+                    await asyncio.sleep(self.delay / 20)
+                await resp.write_eof()
+                return resp
+            await asyncio.sleep(self.delay)
+            if body.get("fail"):
+                return web.json_response({"error": {"message": "boom", "type": "InternalServerError"}}, status=500)
+            return web.json_response({"upstream": self.name, "priority": body.get("priority")})
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.running -= 1
+
+    async def models(self, _: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": self.name}]})
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.handle)
+        app.router.add_post("/v1/chat/completions", self.handle)
+        app.router.add_get("/v1/models", self.models)
+        self.runner = web.AppRunner(app, handler_cancellation=True)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+
+BUCKETS = (Bucket("short", 4096, ("a",)), Bucket("long", 32768, ("b",)), Bucket("very-long", 128000, ("b",), preemptible=True))
+SETTINGS = GatewaySettings(buckets=BUCKETS, concurrency=4, queue_size=8, queue_deadline_seconds=2.0)
+
+
+@pytest.fixture
+async def upstreams() -> AsyncIterator[dict[str, Upstream]]:
+    ups = {"a": Upstream("a"), "b": Upstream("b")}
+    for u in ups.values():
+        await u.start()
+    yield ups
+    for u in ups.values():
+        assert u.runner is not None
+        await u.runner.cleanup()
+
+
+async def _gateway(ups: dict[str, Upstream], settings: GatewaySettings = SETTINGS, **kw: Any) -> GatewayServer:
+    gw = GatewayServer(settings, {n: u.url for n, u in ups.items()}, GatewayMetrics(CollectorRegistry()), **kw)
+    await gw.start("127.0.0.1", 0)
+    return gw
+
+
+def _url(gw: GatewayServer, path: str = "/v1/completions") -> str:
+    assert gw.address is not None
+    return f"http://127.0.0.1:{gw.address[1]}{path}"
+
+
+def _prompt(tokens: int) -> str:
+    return "x" * (tokens * 4)
+
+
+async def _post(http: aiohttp.ClientSession, gw: GatewayServer, body: dict[str, Any], **headers: str) -> tuple[int, Any, dict[str, str]]:
+    async with http.post(_url(gw), json=body, headers=headers) as resp:
+        return resp.status, await resp.json(), dict(resp.headers)
+
+
+# -- buckets (pure) -------------------------------------------------------------------------------
+
+
+def test_buckets_take_the_estimate_and_refuse_nothing_they_cover() -> None:
+    assert choose(BUCKETS, 4 * 4000, 4.0).bucket == BUCKETS[0]
+    assert choose(BUCKETS, 4 * 5000, 4.0).bucket == BUCKETS[1]
+    assert choose(BUCKETS, 4 * 100_000, 4.0).bucket == BUCKETS[2]
+    over = choose(BUCKETS, 4 * 130_000, 4.0)
+    assert over.bucket is None and over.tokens == 130_001
+    chat = {"messages": [{"role": "user", "content": "abcd" * 10}, {"role": "user", "content": [{"type": "text", "text": "ab"}]}]}
+    assert prompt_chars(chat) == 42 and prompt_chars({"prompt": [1, 2, 3]}) == 12 and prompt_chars("nope") == 0
+
+
+# -- the proxy ------------------------------------------------------------------------------------
+
+
+async def test_a_streamed_answer_arrives_byte_for_byte_with_its_headers(upstreams: dict[str, Upstream]) -> None:
+    gw = await _gateway(upstreams)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(_url(gw), json={"prompt": "hi", "stream": True}) as resp:
+                body = await resp.read()
+                assert resp.headers["Content-Type"] == "text/event-stream" and resp.headers["X-Upstream"] == "a"
+            async with http.get(_url(gw, "/v1/models")) as resp:
+                assert (await resp.json()) == {"data": [{"id": "a"}]}  # anything else passes through
+    finally:
+        await gw.close()
+    assert body == SSE
+
+
+async def test_a_client_that_goes_away_cancels_the_upstream_request(upstreams: dict[str, Upstream]) -> None:
+    upstreams["a"].delay = 20.0
+    gw = await _gateway(upstreams)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(_url(gw), json={"prompt": "hi", "stream": True}) as resp:
+                await resp.content.readany()  # the first chunk, then hang up
+        for _ in range(100):
+            if upstreams["a"].cancelled:
+                break
+            await asyncio.sleep(0.02)
+        assert upstreams["a"].cancelled == 1 and gw.admission["a"].in_flight == 0
+    finally:
+        await gw.close()
+
+
+async def test_each_bucket_goes_to_its_pool_and_an_over_long_prompt_gets_400(upstreams: dict[str, Upstream]) -> None:
+    gw = await _gateway(upstreams)
+    try:
+        async with aiohttp.ClientSession() as http:
+            assert (await _post(http, gw, {"prompt": _prompt(100)}))[1]["upstream"] == "a"
+            assert (await _post(http, gw, {"prompt": _prompt(20_000)}))[1]["upstream"] == "b"
+            chat = {"messages": [{"role": "user", "content": _prompt(60_000)}]}
+            assert (await http.post(_url(gw, "/v1/chat/completions"), json=chat)).status == 200
+            status, doc, _ = await _post(http, gw, {"prompt": _prompt(200_000)})
+            failing = await _post(http, gw, {"prompt": "x", "fail": True})
+    finally:
+        await gw.close()
+    assert status == 400 and "longer than the largest bucket (128000 tokens)" in doc["error"]["message"]
+    assert failing[0] == 500 and failing[1]["error"]["message"] == "boom"  # upstream errors pass through unchanged
+    assert len(upstreams["b"].got) == 2
+
+
+async def test_the_lane_becomes_vllms_priority_and_a_key_can_be_replaced(upstreams: dict[str, Upstream]) -> None:
+    settings = replace(SETTINGS, inject_priority=True, high_priority_keys=frozenset({"vip-key"}))
+    gw = await _gateway(upstreams, settings, api_keys={"a": "upstream-key"})
+    try:
+        async with aiohttp.ClientSession() as http:
+            high = await _post(http, gw, {"prompt": "x"}, **{"x-guardian-priority": "high"})
+            low = await _post(http, gw, {"prompt": "x"}, **{"x-guardian-priority": "low"})
+            vip = await _post(http, gw, {"prompt": "x"}, Authorization="Bearer vip-key", **{"x-guardian-priority": ""})
+    finally:
+        await gw.close()
+    assert (high[1]["priority"], low[1]["priority"], vip[1]["priority"]) == (0, 10, 0)
+    assert {h["Authorization"] for h in upstreams["a"].headers} == {"Bearer upstream-key"}
+
+
+async def test_a_burst_queues_then_gets_429_with_retry_after(upstreams: dict[str, Upstream]) -> None:
+    upstreams["a"].delay = 1.0
+    settings = replace(SETTINGS, concurrency=1, queue_size=1, queue_deadline_seconds=0.3)
+    gw = await _gateway(upstreams, settings)
+    try:
+        async with aiohttp.ClientSession() as http:
+            results = await asyncio.gather(*(_post(http, gw, {"prompt": "x"}) for _ in range(3)))
+    finally:
+        await gw.close()
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [200, 429, 429]
+    refused = [(doc, headers) for code, doc, headers in results if code == 429]
+    assert {doc["error"]["message"].split(" (")[0].split(":")[0] for doc, _ in refused} == {
+        "the queue in front of the engine is full", "the engine is busy"}  # fmt: skip
+    assert all(int(h["Retry-After"]) >= 1 for _, h in refused)
+
+
+async def test_the_breakers_gates(upstreams: dict[str, Upstream]) -> None:
+    settings = replace(SETTINGS, long_context_tokens=8000, queue_deadline_seconds=0.5)
+    gw = await _gateway(upstreams, settings)
+    try:
+        async with aiohttp.ClientSession() as http:
+            await gw.set_gates("b", Gates.for_level(1))
+            long = await _post(http, gw, {"prompt": _prompt(20_000)})
+            short_on_b = await _post(http, gw, {"prompt": _prompt(5000)})
+            await gw.set_gates("a", Gates.for_level(2))
+            paused = await _post(http, gw, {"prompt": "x"}, **{"x-guardian-priority": "low"})
+            high_at_l2 = await _post(http, gw, {"prompt": "x"}, **{"x-guardian-priority": "high"})
+            await gw.set_gates("a", Gates.for_level(3))
+            low_at_l3 = await _post(http, gw, {"prompt": "x"}, **{"x-guardian-priority": "low"})
+            high_at_l3 = await _post(http, gw, {"prompt": "x"})
+            await gw.set_gates("a", Gates.for_level(0))
+            low_again = await _post(http, gw, {"prompt": "x"}, **{"x-guardian-priority": "low"})
+    finally:
+        await gw.close()
+    assert long[0] == 503 and "breaker L1" in long[1]["error"]["message"] and long[2]["Retry-After"] == "60"
+    assert short_on_b[0] == 200  # below the long-context line: admitted at L1
+    assert paused[0] == 429 and "low-priority work is paused (breaker L2)" in paused[1]["error"]["message"]
+    assert high_at_l2[0] == 200 and high_at_l3[0] == 200 and low_again[0] == 200
+    assert low_at_l3[0] == 503 and "only high-priority" in low_at_l3[1]["error"]["message"]
+
+
+async def test_a_drain_lets_in_flight_finish_holds_new_ones_and_fails_none(upstreams: dict[str, Upstream]) -> None:
+    upstreams["a"].delay = 0.5
+    gw = await _gateway(upstreams, replace(SETTINGS, queue_deadline_seconds=10.0))
+    try:
+        async with aiohttp.ClientSession() as http:
+            first = [asyncio.create_task(_post(http, gw, {"prompt": "x"})) for _ in range(3)]
+            await asyncio.sleep(0.1)
+            drained = asyncio.create_task(gw.drain("a", timeout=5))
+            await asyncio.sleep(0.05)
+            later = [asyncio.create_task(_post(http, gw, {"prompt": "x"})) for _ in range(3)]
+            outcome = await drained
+            assert outcome.status == "done" and upstreams["a"].running == 0 and len(upstreams["a"].got) == 3
+            await asyncio.sleep(0.3)
+            assert len(upstreams["a"].got) == 3  # the later ones wait in the gateway
+            await gw.admit("a")
+            results = await asyncio.gather(*first, *later)
+    finally:
+        await gw.close()
+    assert [code for code, _, _ in results] == [200] * 6
+
+
+async def test_low_priority_is_not_starved_by_a_stream_of_high(upstreams: dict[str, Upstream]) -> None:
+    upstreams["a"].delay = 0.05
+    gw = await _gateway(upstreams, replace(SETTINGS, concurrency=1, queue_size=100, queue_deadline_seconds=30.0))
+    order: list[str] = []
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def one(lane: str) -> None:
+                await _post(http, gw, {"prompt": lane}, **{"x-guardian-priority": lane})
+                order.append(lane)
+
+            highs = [asyncio.create_task(one("high")) for _ in range(12)]
+            await asyncio.sleep(0.02)
+            low = asyncio.create_task(one("low"))
+            await asyncio.gather(*highs, low)
+    finally:
+        await gw.close()
+    # one high was in flight when the low queued behind eleven more; every 5th slot goes to the low lane
+    assert order.index("low") <= 6, order  # without the fairness it would be last (12)
