@@ -113,7 +113,7 @@ async def run_demo(
                 await asyncio.wait_for(stop.wait(), max(left, 0.01))
             except asyncio.TimeoutError:
                 pass
-            print(summary(daemon.snapshot, time.monotonic() - started), file=out, flush=True)
+            print(summary(daemon.snapshot, time.monotonic() - started) + _gateway_text(daemon), file=out, flush=True)
         load.cancel()
         await asyncio.gather(load, return_exceptions=True)
         outcomes: Counter[str] = Counter()
@@ -156,6 +156,29 @@ def summary(snap: Snapshot | None, elapsed: float) -> str:
     if not snap.nvml.ok:
         parts.append(f"NVML: {snap.nvml.error}")
     return f"[{elapsed:5.0f}s] " + " | ".join(parts)
+
+
+def _gateway_text(daemon: Daemon) -> str:
+    """The gateway's queues and what its gates refused so far, when the breaker has shut any."""
+    gw = daemon.gateway
+    if gw is None:
+        return ""
+    refused: Counter[str] = Counter()
+    for metric in gw.metrics.requests.collect():
+        for sample in metric.samples:
+            outcome = sample.labels.get("outcome", "")
+            if sample.name.endswith("_total") and outcome.startswith("refused"):
+                refused[outcome.removeprefix("refused_")] += int(sample.value)
+    queues = " ".join(f"{name} {a.in_flight}/{a.queued}" for name, a in gw.admission.items())
+    shut = [f"{name}: " + ",".join(g for g, on in (("long", gates.refuse_long_context), ("low", gates.pause_low_priority),
+                                                   ("high-only", gates.high_priority_only)) if on)
+            for name, gates in gw.gates.items() if gates != type(gates)()]  # fmt: skip
+    text = f" | gateway in flight/queued {queues}"
+    if shut:
+        text += " gates " + "; ".join(shut)
+    if refused:
+        text += " refused " + " ".join(f"{k} {v}" for k, v in sorted(refused.items()))
+    return text
 
 
 def _level_text(snap: Snapshot, name: str) -> str:

@@ -235,3 +235,30 @@ def test_check_config_warns_when_sms_has_no_token(tmp_path: Path) -> None:
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("TWILIO_AUTH_TOKEN", "CREDENTIALS_DIRECTORY")}
     result = subprocess.run([sys.executable, "-m", "guardian", "check-config", str(path)], capture_output=True, text=True, env=env)
     assert result.returncode == 0 and "no Twilio auth token" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "says"),
+    [
+        ("[gateway]\n", "", "has no engine"),
+        (ENGINE + '[gateway]\n[[gateway.buckets]]\nname = "a"\nmax_tokens = 100\nengines = ["nope"]\n', "", "not configured: nope"),
+        (ENGINE + '[gateway]\n[[gateway.buckets]]\nname = "a"\nmax_tokens = 100\n[[gateway.buckets]]\nname = "b"\nmax_tokens = 50\n',
+         "gateway.buckets", "does not come after"),
+        (ENGINE + "[gateway]\nbuckets = []\n", "gateway.buckets", "every request would be refused"),
+        (ENGINE + '[gateway]\nlisten = "9401"\n', "gateway.listen", "not HOST:PORT"),
+    ],
+)
+def test_gateway_settings_that_cannot_route_are_refused(text: str, key: str, says: str) -> None:
+    issue = _only(text)
+    assert issue.key == key and says in issue.message, issue
+
+
+def test_example_gateway_table_validates_once_uncommented() -> None:
+    lines = (ROOT / "systemd" / "guardian.toml").read_text().splitlines()
+    start = lines.index("# [gateway]")
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("#"))
+    text = "\n".join(lines[:start] + [line.removeprefix("# ") for line in lines[start:end]] + lines[end:])
+    text = text.replace('high_priority_keys_file = "/etc/vllm-guardian/high-priority-keys"', "")
+    gateway = cfg.loads(text).gateway
+    assert gateway is not None and [b.max_tokens for b in gateway.buckets] == [4096, 32768, 128000]
+    assert gateway.buckets[0].engines == ["llama-8b"] and gateway.buckets[2].preemptible

@@ -1,8 +1,8 @@
 """The breaker's gates in the request path, as an interface; the admission gateway implements it.
 
 vLLM has no endpoint to refuse long prompts or to pause one priority class,
-so these gates live in guardian's own gateway in front of vLLM (a later
-piece). Until one is configured, ``NoGateway`` answers every call with
+so these gates live in guardian's own gateway in front of vLLM
+(``gateway/proxy.py``, with ``[gateway]`` in the config). Until one is configured, ``NoGateway`` answers every call with
 ``not_configured`` and says so in the log: the breaker still acts through
 vLLM's own endpoints and restarts, and nobody believes a gate is shut that
 is not.
@@ -30,8 +30,8 @@ class Gates:
 class Gateway(Protocol):
     async def set_gates(self, engine: str, gates: Gates) -> Outcome: ...
 
-    async def drain(self, engine: str) -> Outcome:
-        """Stop admitting new requests to the engine; queue or refuse them elsewhere."""
+    async def drain(self, engine: str, timeout: float) -> Outcome:
+        """Stop admitting new requests to the engine (they wait in the gateway); return once none is in flight."""
         ...
 
     async def admit(self, engine: str) -> Outcome:
@@ -46,7 +46,7 @@ class NoGateway:
     async def set_gates(self, engine: str, gates: Gates) -> Outcome:
         return Outcome("gates", "not_configured", NO_GATEWAY)
 
-    async def drain(self, engine: str) -> Outcome:
+    async def drain(self, engine: str, timeout: float) -> Outcome:
         return Outcome("drain", "not_configured", NO_GATEWAY)
 
     async def admit(self, engine: str) -> Outcome:

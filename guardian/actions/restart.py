@@ -63,7 +63,7 @@ class DrainedRestart:
         if problems:
             return Outcome("restart", "refused", "vLLM would refuse these arguments: " + "; ".join(problems))
         started = self.clock()
-        self._logged("drain", await self.gateway.drain(self.engine))
+        self._logged("drain", await self.gateway.drain(self.engine, self.timeouts.drain_seconds))
         cut = await self._drain()
         launched = await self.launcher.restart(args)
         self._logged("launch", launched)

@@ -124,7 +124,7 @@ class GatewayServer:
         return Outcome("gates", "done", f"refuse long contexts: {gates.refuse_long_context}, pause low: "
                                         f"{gates.pause_low_priority}, high only: {gates.high_priority_only}")  # fmt: skip
 
-    async def drain(self, engine: str, timeout: float = 120.0) -> Outcome:
+    async def drain(self, engine: str, timeout: float) -> Outcome:
         if engine not in self.admission:
             return Outcome("drain", "not_configured", f"the gateway has no upstream {engine!r}")
         left = await self.admission[engine].drain(timeout)
