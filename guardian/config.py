@@ -403,6 +403,7 @@ class GatewaySection(_Model):
     priority_header: str = "x-guardian-priority"  # high or low
     high_priority_keys_file: Path | None = None  # API keys (one a line) whose requests are high priority
     inject_priority: bool = False  # set vLLM's "priority" field (needs --scheduling-policy priority)
+    high_priority_engines: list[str] = []  # a dedicated pool for the high lane (its own GPU or MIG slice)
 
     @field_validator("listen")
     @classmethod
@@ -485,10 +486,11 @@ class Config(_Model):
         if not self.engines:
             raise Problem("[gateway] has no engine to send requests to", "add [[engines]]")
         names = {e.name for e in self.engines}
-        for bucket in self.gateway.buckets:
-            unknown = [e for e in bucket.engines if e not in names]
+        pools = [(f"gateway bucket {b.name!r}", b.engines) for b in self.gateway.buckets]
+        for where, engines in pools + [("gateway.high_priority_engines", self.gateway.high_priority_engines)]:
+            unknown = [e for e in engines if e not in names]
             if unknown:
-                raise Problem(f"gateway bucket {bucket.name!r} names engines that are not configured: {', '.join(unknown)}",
+                raise Problem(f"{where} names engines that are not configured: {', '.join(unknown)}",
                               f"use names of [[engines]]: {', '.join(sorted(names))}")  # fmt: skip
         return self
 

@@ -183,6 +183,17 @@ async def test_the_lane_becomes_vllms_priority_and_a_key_can_be_replaced(upstrea
     assert {h["Authorization"] for h in upstreams["a"].headers} == {"Bearer upstream-key"}
 
 
+async def test_the_high_lane_can_have_a_pool_of_its_own(upstreams: dict[str, Upstream]) -> None:
+    gw = await _gateway(upstreams, replace(SETTINGS, high_priority_engines=("b",)))
+    try:
+        async with aiohttp.ClientSession() as http:
+            high = await _post(http, gw, {"prompt": "x"}, **{"x-guardian-priority": "high"})
+            low = await _post(http, gw, {"prompt": "x"}, **{"x-guardian-priority": "low"})
+    finally:
+        await gw.close()
+    assert (high[1]["upstream"], low[1]["upstream"]) == ("b", "a")
+
+
 async def test_a_burst_queues_then_gets_429_with_retry_after(upstreams: dict[str, Upstream]) -> None:
     upstreams["a"].delay = 1.0
     settings = replace(SETTINGS, concurrency=1, queue_size=1, queue_deadline_seconds=0.3)

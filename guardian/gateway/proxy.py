@@ -4,7 +4,8 @@ Clients point at guardian instead of vLLM. For ``/v1/completions`` and
 ``/v1/chat/completions`` guardian estimates the prompt's length, picks the
 bucket and with it the upstream pool (``policy/buckets.py``), takes the
 request's lane (``x-guardian-priority: high|low``, or an API key listed as
-high priority; the preemptible bucket is low by nature), applies the
+high priority; the preemptible bucket is low by nature; the high lane may
+have a dedicated pool of its own), applies the
 breaker's gates of the chosen engine, waits for admission (``admission.py``)
 and streams the request and the answer through unchanged, byte for byte:
 SSE chunks are written as they arrive, a client that goes away cancels the
@@ -53,6 +54,7 @@ class GatewaySettings:
     priority_header: str = "x-guardian-priority"
     high_priority_keys: frozenset[str] = frozenset()
     inject_priority: bool = False  # only when vLLM runs with --scheduling-policy priority
+    high_priority_engines: tuple[str, ...] = ()  # a dedicated pool (its own GPU or MIG slice) for the high lane
     upstream_timeout_seconds: float = 600.0
 
 
@@ -157,7 +159,8 @@ class GatewayServer:
             return _error(400, f"The prompt is about {choice.tokens} tokens, longer than the largest bucket "
                                f"({largest} tokens) this gateway serves.", "BadRequestError")  # fmt: skip
         bucket = choice.bucket.name
-        engine = self._pick(choice.bucket.engines)
+        dedicated = lane == "high" and bool(s.high_priority_engines)
+        engine = self._pick(s.high_priority_engines if dedicated else choice.bucket.engines)
         if self.gates[engine].refuse_long_context and choice.tokens > s.long_context_tokens:
             self.metrics.requests.labels(lane, bucket, "refused_long").inc()
             return _refused(Refusal(503, f"long-context requests (about {choice.tokens} tokens, above "
