@@ -41,6 +41,7 @@ log = logs.get("guardian.gateway")
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "host", "content-length"}  # fmt: skip
 GENERATE = ("/v1/completions", "/v1/chat/completions")
+WHOLE_BODY_BYTES = 1 << 20  # answers up to this size with a Content-Length are relayed whole
 
 
 @dataclass(frozen=True)
@@ -205,10 +206,16 @@ class GatewayServer:
         url = self.upstreams[engine] + request.rel_url.path_qs
         try:
             async with self._session.request(request.method, url, data=data or None, headers=headers) as up:
+                passed = [(k, v) for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP]
+                if up.content_length is not None and up.content_length <= WHOLE_BODY_BYTES:
+                    # a complete answer of known size (not a stream): one write instead of a chunked stream
+                    whole = web.Response(status=up.status, reason=up.reason, body=await up.read())
+                    for k, v in passed:
+                        whole.headers.add(k, v)
+                    return whole
                 response = web.StreamResponse(status=up.status, reason=up.reason)
-                for k, v in up.headers.items():
-                    if k.lower() not in HOP_BY_HOP:
-                        response.headers.add(k, v)
+                for k, v in passed:
+                    response.headers.add(k, v)
                 await response.prepare(request)
                 async for chunk in up.content.iter_any():
                     await response.write(chunk)
