@@ -70,7 +70,7 @@ async def measure_polls(ports: list[int], gpus: int, polls: int, pid_file: Path)
     logs.configure("json", "error")
     nvml = FakeNvml([SimGpu(index=i, uuid=f"GPU-bench-{i}", engine=EngineModel(), pid=1000 + i) for i in range(gpus)])
     config = cfg.Config(
-        guardian=cfg.GuardianSection(listen="127.0.0.1:0"),
+        guardian=cfg.GuardianSection(listen="127.0.0.1:0", state_dir=pid_file.parent / "state"),
         engines=[
             cfg.EngineSection(name=f"e{i}", url=f"http://127.0.0.1:{p}", process=cfg.ProcessSection(pid_file=pid_file))
             for i, p in enumerate(ports)
