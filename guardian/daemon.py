@@ -285,6 +285,8 @@ class Daemon:
             depth, oldest = self.notifications.depth_and_oldest()
             self.metrics.outbox_depth.set(depth)
             self.metrics.outbox_oldest.set(oldest or 0.0)
+        except asyncio.CancelledError:
+            log.debug("notify_cancelled", reason="guardian is stopping")  # a send in flight stays in the outbox
         except Exception:
             log.exception("notify_failed")
 
@@ -371,6 +373,8 @@ class Daemon:
     async def _poll_job(self) -> None:
         try:
             await self.poll_once()
+        except asyncio.CancelledError:
+            log.debug("poll_cancelled", reason="guardian is stopping")  # the scheduler's shutdown cancels a poll in flight
         except Exception:
             log.exception("poll_failed")
 
