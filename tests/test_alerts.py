@@ -41,3 +41,43 @@ async def test_every_metric_the_rules_use_is_exported() -> None:
     exported |= {name + "_total" for name in exported}
     used = set(re.findall(r"\b(guardian_[a-z0-9_]+)", (ALERTS / "guardian-rules.yml").read_text()))
     assert used and used <= exported, used - exported
+
+
+async def test_every_metric_the_dashboard_plots_is_exported(tmp_path: Path) -> None:
+    import json
+
+    cluster = SimCluster(scenarios.get("steady"))
+    await cluster.start()
+    config = cfg.Config(
+        guardian=cfg.GuardianSection(listen="127.0.0.1:0", state_dir=tmp_path),
+        engines=[cfg.EngineSection(name="sim0", url=cluster.urls[0])],
+        gateway=cfg.GatewaySection(listen="127.0.0.1:0"),
+    )
+    daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""))
+    await daemon.start()
+    try:
+        await daemon.poll_once()
+        page = daemon.metrics.render().decode()
+    finally:
+        await daemon.close()
+        await cluster.stop()
+    exported = {line.split()[2] for line in page.splitlines() if line.startswith("# TYPE ")}
+    exported |= {name + suffix for name in exported for suffix in ("_total", "_bucket", "_sum", "_count")}
+    dashboard = json.loads((ALERTS / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\b(guardian_[a-z0-9_]+)", e)}
+    assert len(dashboard["panels"]) >= 10 and len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+    assert used and used <= exported, used - exported
+
+
+def test_every_dashboard_expression_is_valid_promql(tmp_path: Path) -> None:
+    import json
+
+    promtool = require_tool("promtool")
+    dashboard = json.loads((ALERTS / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"].replace("$instance", ".*") for p in dashboard["panels"] for t in p["targets"]]
+    rules = tmp_path / "dashboard-exprs.yml"  # promtool parses the PromQL of recording rules
+    rules.write_text("groups:\n  - name: dashboard\n    rules:\n" + "".join(
+        f"      - record: dashboard:expr_{i}\n        expr: {json.dumps(e)}\n" for i, e in enumerate(exprs)))
+    result = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -36,3 +36,32 @@ def test_unit_keeps_the_nvidia_devices_reachable() -> None:
     for device in ("/dev/nvidiactl", "/dev/nvidia-uvm", "char-nvidia-frontend"):
         assert f"DeviceAllow={device} rw" in text
     assert "Type=notify" in text and "WatchdogSec=" in text and "ExecReload=/bin/kill -HUP $MAINPID" in text
+
+
+VLLM_UNIT = UNIT.parent / "vllm.service"
+
+
+def test_the_example_vllm_unit_verifies_and_reads_the_arguments_guardian_writes(tmp_path: Path) -> None:
+    from guardian import config as cfg
+    from guardian.actions.engine_args import to_env_file
+
+    analyze = require_tool("systemd-analyze")
+    unit = tmp_path / "vllm.service"
+    unit.write_text(VLLM_UNIT.read_text().replace("/opt/vllm/bin/vllm", shutil.which("true") or "/bin/true"))
+    result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stderr.strip() == "", result.stdout + result.stderr
+    text = VLLM_UNIT.read_text()
+    # the example config's restart table writes where this unit reads, under the variable it expands
+    example = (UNIT.parent / "guardian.toml").read_text()
+    env_file = re.search(r'^# env_file = "([^"]+)"', example, re.M)
+    assert env_file and f"EnvironmentFile=-{env_file.group(1)}" in text
+    assert "$VLLM_ARGS" in text and to_env_file({"max-num-seqs": 8}).splitlines()[-1].startswith("VLLM_ARGS=")
+    assert "--host 127.0.0.1" in text and "Environment=VLLM_SERVER_DEV_MODE=1" in text
+    assert cfg.EngineSection(name="llama-8b", url="http://127.0.0.1:8000").is_loopback
+
+
+def test_the_polkit_rule_allows_guardians_user_to_restart_only_the_vllm_unit() -> None:
+    rule = (UNIT.parent / "50-vllm-guardian.rules").read_text()
+    user = re.search(r"^User=(.+)$", UNIT.read_text(), re.M)
+    assert user and f'subject.user == "{user.group(1)}"' in rule
+    assert 'action.lookup("unit") == "vllm.service"' in rule and 'action.lookup("verb") == "restart"' in rule
