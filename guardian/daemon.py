@@ -77,6 +77,7 @@ class _Engine:
     section: cfg.EngineSection
     scraper: VllmScraper
     processes: ProcessSource | None
+    api_key: str | None  # for a proxy in front of vLLM; the gateway sends it upstream too
 
 
 class StartupError(RuntimeError):
@@ -364,6 +365,7 @@ class Daemon:
                 section=section,
                 scraper=VllmScraper(section.name, section.url, self._session, g.scrape_timeout, api_key),
                 processes=ProcessSource(section.process) if section.process else None,
+                api_key=api_key,
             )
             self._engine_logs.setdefault(section.name, _FailureLog(f"engine:{section.name}"))
         self._engines = engines
@@ -585,7 +587,7 @@ class Daemon:
         g = config.gateway
         assert g is not None
         settings = gateway_settings(config)
-        api_keys = {e.name: e.read_api_key() for e in config.engines}
+        api_keys = {name: engine.api_key for name, engine in self._engines.items()}
         self.gateway = GatewayServer(settings, {e.name: e.url for e in config.engines}, GatewayMetrics(self.metrics.registry), api_keys)
         host, port = cfg.parse_listen(g.listen)
         try:

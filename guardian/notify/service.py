@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Protocol
 
 import aiohttp
@@ -49,10 +49,10 @@ class Settings:
     params: AlertParams
     contacts: tuple[Contact, ...]
     max_segments: int = 3
-    valid_seconds: Mapping[str, float] = None  # type: ignore[assignment]  # severity -> how long a message is worth sending
+    valid_seconds: Mapping[str, float] = field(default_factory=dict)  # severity -> how long a message is worth sending
 
     def validity(self, severity: str) -> float:
-        return (self.valid_seconds or {}).get(severity, 3600.0)
+        return self.valid_seconds.get(severity, 3600.0)
 
 
 class SmsDeliverer:
