@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from guardian import config as cfg
 from guardian.pipeline import Decision, Pipeline
-from guardian.policy.response import Command
+from guardian.policy.response import Command, restart_text
 from guardian.record import from_record
 
 
@@ -135,8 +135,7 @@ def render(result: Replay) -> str:
             if a.kind == "notify":
                 what = f"notify {a.details.get('severity')}: {a.details.get('text')}"
             elif a.kind == "restart":
-                util = a.details.get("gpu_memory_utilization")
-                what = f"drained restart ({a.reason}, {a.details.get('profile')} profile" + (f", --gpu-memory-utilization {util:g})" if util else ")")
+                what = restart_text(a)
             elif a.kind == "gates":
                 what = f"gates for L{a.level}"
             lines.append(f"{when}  {a.engine:<12}   action: {what}")

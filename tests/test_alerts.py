@@ -22,12 +22,14 @@ def test_rules_are_valid_and_their_unit_tests_pass() -> None:
     assert test.returncode == 0, test.stdout + test.stderr
 
 
-async def test_every_metric_the_rules_use_is_exported() -> None:
+async def _exported(config_extra: dict[str, object]) -> set[str]:
+    """The series names a polled daemon exports: each family, plus the suffixes of its type (_total, _bucket, …)."""
     cluster = SimCluster(scenarios.get("steady"))
     await cluster.start()
     config = cfg.Config(
         guardian=cfg.GuardianSection(listen="127.0.0.1:0"),
         engines=[cfg.EngineSection(name="sim0", url=cluster.urls[0])],
+        **config_extra,  # type: ignore[arg-type]
     )
     daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""))
     await daemon.start()
@@ -37,32 +39,25 @@ async def test_every_metric_the_rules_use_is_exported() -> None:
     finally:
         await daemon.close()
         await cluster.stop()
-    exported = {line.split()[2] for line in page.splitlines() if line.startswith("# TYPE ")}
-    exported |= {name + "_total" for name in exported}
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+    exported = set()
+    for line in page.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            exported |= {name} | {name + s for s in suffixes.get(kind, ())}
+    return exported
+
+
+async def test_every_metric_the_rules_use_is_exported() -> None:
+    exported = await _exported({})
     used = set(re.findall(r"\b(guardian_[a-z0-9_]+)", (ALERTS / "guardian-rules.yml").read_text()))
     assert used and used <= exported, used - exported
 
 
-async def test_every_metric_the_dashboard_plots_is_exported(tmp_path: Path) -> None:
+async def test_every_metric_the_dashboard_plots_is_exported() -> None:
     import json
 
-    cluster = SimCluster(scenarios.get("steady"))
-    await cluster.start()
-    config = cfg.Config(
-        guardian=cfg.GuardianSection(listen="127.0.0.1:0", state_dir=tmp_path),
-        engines=[cfg.EngineSection(name="sim0", url=cluster.urls[0])],
-        gateway=cfg.GatewaySection(listen="127.0.0.1:0"),
-    )
-    daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""))
-    await daemon.start()
-    try:
-        await daemon.poll_once()
-        page = daemon.metrics.render().decode()
-    finally:
-        await daemon.close()
-        await cluster.stop()
-    exported = {line.split()[2] for line in page.splitlines() if line.startswith("# TYPE ")}
-    exported |= {name + suffix for name in exported for suffix in ("_total", "_bucket", "_sum", "_count")}
+    exported = await _exported({"gateway": cfg.GatewaySection(listen="127.0.0.1:0")})
     dashboard = json.loads((ALERTS / "grafana-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"\b(guardian_[a-z0-9_]+)", e)}

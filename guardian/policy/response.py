@@ -120,12 +120,10 @@ def respond(
         if len(state.restarts) < rp.restart_budget:
             why, degraded, util = want
             state = replace(state, restarts=state.restarts + (t,), restarting=t, degraded=degraded, gpu_memory_utilization=util)
-            details = restart_details(state, e)
-            taken = f"; action: drained restart ({why}, {details['profile']} profile" + (
-                f", --gpu-memory-utilization {util:g})" if util is not None else ")"
-            )
+            restart = Action("restart", name, int(b.level), why, restart_details(state, e))
+            taken = f"; action: {restart_text(restart)}"
             actions = [_with_text(a, taken) if a.details.get("severity") == "page" else a for a in actions]
-            actions.append(Action("restart", name, int(b.level), why, details))
+            actions.append(restart)
         else:
             b, pinned = breaker.force(b, Level.L3, t, "restart budget")
             state = replace(state, breaker=b)
@@ -158,9 +156,7 @@ def on_transition(name: str, tr: Transition) -> list[Action]:
         if tr.source == Level.L0:
             actions.append(Action("reset_prefix_cache", name, int(tr.target), tr.rule))
         severity: Severity = "page" if tr.target == Level.L3 else "warning"
-        first, rest = numbers_text(tr.rule, tr.numbers)
-        actions.append(replace(_notify(name, tr.target, severity, tr.rule, first), details={
-            "severity": severity, "text": first, "more": rest}))  # fmt: skip
+        actions.append(_notify(name, tr.target, severity, tr.rule, *numbers_text(tr.rule, tr.numbers)))
     elif tr.target == Level.L0:
         actions.append(_notify(name, tr.target, "info", tr.rule, f"back to L0 from L{int(tr.source)}"))
     elif tr.forced:
@@ -211,8 +207,16 @@ def _gates(name: str, level: Level, reason: str) -> Action:
     return Action("gates", name, int(level), reason)
 
 
-def _notify(name: str, level: Level, severity: Severity, rule: str, text: str) -> Action:
-    return Action("notify", name, int(level), rule, {"severity": severity, "text": text})
+def _notify(name: str, level: Level, severity: Severity, rule: str, text: str, more: str | None = None) -> Action:
+    details = {"severity": severity, "text": text} | ({"more": more} if more is not None else {})
+    return Action("notify", name, int(level), rule, details)
+
+
+def restart_text(a: Action) -> str:
+    """A restart action in words, as the page and ``guardian replay`` tell it."""
+    util = a.details.get("gpu_memory_utilization")
+    flag = f", --gpu-memory-utilization {util:g}" if util is not None else ""
+    return f"drained restart ({a.reason}, {a.details.get('profile')} profile{flag})"
 
 
 def _with_text(a: Action, more: str) -> Action:
