@@ -17,10 +17,14 @@ latency window):
 | --- | --- |
 | breaker above L1, or a restart under way | none (and the window starts over) |
 | inside the cooldown after any move | none |
-| P99 above the band, speculation on | speculation off (slow) |
-| P99 above the band | batch down one step, floored at ``min_batch`` |
-| P99 below the band, a queue, and the GPU idle (< 60%) or P99 well inside (≤ ``headroom_ratio`` × target) | batch up one step, up to the hardware cap |
-| P99 well inside for ``speculation_after_seconds`` with a batch ≤ ``speculation_max_batch`` | speculation on (slow), where allowed |
+| the first full window after a smaller batch shows P99 not lower by ``improve_ratio`` | the batch back up; no smaller batch for ``blocked_seconds`` |
+| preemptions above ``preemption_rate_limit`` throughout | batch down one step; the old batch is a ceiling for ``blocked_seconds`` |
+| P99 above the band and requests queued in front of the engine | none: overloaded, a smaller batch would grow the queue (more replicas help) |
+| P99 above the band, nothing queued, speculation on | speculation off (slow) |
+| P99 above the band, nothing queued | batch down one step, floored at ``min_batch`` |
+| requests held back by the batch (in the gateway's queue; without a gateway, in vLLM's with KV to spare) and P99 not above the band | batch up one step, up to the hardware cap |
+| P99 below the band, the GPU idle (< 60%) and a queue | batch up one step, up to the hardware cap |
+| P99 well inside (≤ ``headroom_ratio`` × target) for ``speculation_after_seconds`` with a batch ≤ ``speculation_max_batch`` | speculation on (slow), where allowed |
 
 "Over the whole window" is the HPA's stabilisation: every poll recommends,
 and the batch goes down only when each recommendation in the window says
@@ -28,10 +32,19 @@ down (the max over the window), up only when each says up. A P99 that
 wanders across the target therefore never moves anything, and after a move
 the cooldown lets the engine settle before the next.
 
+The P99 is vLLM's own (from the engine's histograms): time spent in the
+gateway's queue is not in it. That is on purpose. A P99 over the objective
+means the engine itself is slow per request, and a smaller batch helps; a
+queue in front of an engine whose P99 is inside means clients wait for the
+batch, not for the GPU, and a larger batch helps. Steering by what clients
+see (queue included) would lower the batch exactly when the queue grows, and
+the queue would grow further.
+
 NVML's utilisation is the share of time *a* kernel ran, which a vLLM engine
-with any request running keeps near 100% at every batch size; as a sign of
-room to grow it only says something while the engine idles. So a P99 well
-inside the target counts as room too.
+with any request running keeps near 100% at every batch size; measured on
+the simulator and documented for real GPUs alike. As a sign of room to grow
+it only says something while the engine idles, so it is one of the two
+reasons to raise, not a condition of both.
 
 Pure: time, readings and limits come in as arguments; the move comes out.
 """
@@ -42,6 +55,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Mapping
 
+from guardian.analysis.engine_stats import EngineSignals
 from guardian.policy.slo import Slo
 
 DAY_SECONDS = 86400.0
@@ -51,17 +65,25 @@ MoveKind = Literal["batch", "max_num_seqs", "speculation"]
 @dataclass(frozen=True)
 class TunerParams:
     slo: Slo = field(default_factory=Slo)
-    window_seconds: float = 60.0  # stabilisation window: every poll in it must agree
-    min_samples: int = 6  # polls with a P99 in the window before any move
-    cooldown_seconds: float = 120.0  # after every move
+    window_seconds: float = 60.0  # stabilisation window for a smaller batch: every poll in it must agree
+    min_samples: int = 6  # polls with a P99 in that window before the batch goes down
+    cooldown_seconds: float = 120.0  # after a smaller batch or a restart: nothing moves
+    up_window_seconds: float = 15.0  # a queue is answered quickly (the HPA scales up without a long window)
+    up_min_samples: int = 3
+    up_cooldown_seconds: float = 30.0  # after a larger batch, before the next larger one
+    up_step_ratio: float = 0.5  # a larger batch: this share more, at least 1
     raise_below_utilization: float = 0.6
-    headroom_ratio: float = 0.5  # P99 at most this share of the target: room to grow
-    step_ratio: float = 0.25  # a batch step: this share of the batch, at least 1
+    kv_spare_below: float = 0.9  # vLLM's own queue with KV usage under this: held back by --max-num-seqs, not memory
+    headroom_ratio: float = 0.5  # P99 at most this share of the target: "well inside", for speculation
+    step_ratio: float = 0.25  # a smaller batch: this share less, at least 1
     min_batch: int = 1
     pinned_seconds: float = 300.0  # the fast loop at the engine's limit this long: raise the limit
     speculation_after_seconds: float = 600.0
     speculation_max_batch: int = 4
     restarts_per_day: int = 3
+    improve_ratio: float = 0.1  # a smaller batch must lower P99 by this share, or it is undone
+    blocked_seconds: float = 900.0  # after an undone move, the batch is not lowered again for this long
+    preemption_rate_limit: float = 0.05  # preemptions/s (3 a minute) throughout the window: the batch is too large
 
 
 @dataclass(frozen=True)
@@ -80,12 +102,29 @@ class Reading:
 
     latency: float | None  # the SLO metric's P99, seconds
     utilization: float | None  # the engine's GPU, 0..1
-    queued: float  # requests waiting: in the gateway and in vLLM
+    gateway_queued: float  # requests the gateway holds for this engine
+    waiting: float = 0.0  # requests vLLM holds (vllm:num_requests_waiting)
+    kv_usage: float | None = None
+    preemptions_per_second: float | None = None  # vLLM recomputing sequences: the batch overflows the KV cache
     breaker_level: int = 0
     restarting: bool = False
     degraded: bool = False  # the breaker's degraded profile is on: speculation stays off
     window_open: bool = True  # a restart for tuning may begin now
     restart_budget_ok: bool = True  # the breaker's hourly budget has room beyond its own reserve
+
+
+def reading_from(sig: EngineSignals, slo: Slo, utilization: float | None, gateway_queued: float, **context: Any) -> Reading:
+    """One poll's signals as the tuner reads them: the daemon's path and the benchmark's."""
+    q = sig.latency.get(slo.metric)
+    return Reading(
+        latency=q.p99 if q is not None and q.count > 0 else None,
+        utilization=utilization,
+        gateway_queued=gateway_queued,
+        waiting=sig.waiting or 0.0,
+        kv_usage=sig.kv_cache_usage,
+        preemptions_per_second=sig.preemptions_per_second,
+        **context,
+    )
 
 
 @dataclass(frozen=True)
@@ -95,9 +134,13 @@ class TunerState:
     speculation: bool
     recent: tuple[tuple[float, Reading], ...] = ()
     last_move: float | None = None
+    last_move_up: bool = False  # the last move was a larger batch (the short cooldown applies)
     pinned_since: float | None = None
     well_inside_since: float | None = None
     restarts: tuple[float, ...] = ()  # slow moves inside the last day
+    trial: tuple[float, float, int] | None = None  # a lowered batch on trial: (when, P99 before, batch before)
+    blocked_down_until: float | None = None
+    ceiling: tuple[int, float] | None = None  # (batch, until): it overflowed the KV cache; stay below it until then
 
     def engine_args(self, limits: Limits) -> dict[str, Any]:
         """The layer a restart applies over the engine's base arguments (``None`` removes a flag)."""
@@ -134,31 +177,33 @@ def initial(max_num_seqs: int | None, speculation: bool, limits: Limits) -> Tune
     return TunerState(batch=batch, max_num_seqs=max_num_seqs, speculation=speculation)
 
 
-def step_size(batch: int, p: TunerParams) -> int:
-    return max(1, math.ceil(batch * p.step_ratio - 1e-9))
+def step_size(batch: int, ratio: float) -> int:
+    return max(1, math.ceil(batch * ratio - 1e-9))
 
 
 def step(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits) -> Step:
     s = replace(s, restarts=tuple(x for x in s.restarts if t - x < DAY_SECONDS))
     if r.restarting or r.breaker_level > 1:
         why = "a restart is under way" if r.restarting else f"breaker at L{r.breaker_level}"
-        return Step(replace(s, recent=(), pinned_since=None, well_inside_since=None), hold=why)
-    recent = tuple((at, x) for at, x in s.recent if t - at < p.window_seconds) + ((t, r),)
+        return Step(replace(s, recent=(), pinned_since=None, well_inside_since=None, trial=None), hold=why)
+    keep = max(p.window_seconds, p.up_window_seconds)
+    recent = tuple((at, x) for at, x in s.recent if t - at < keep) + ((t, r),)
     s = replace(s, recent=recent)
-    seen = [x for _, x in recent if x.latency is not None]
-    if len(seen) < p.min_samples:
-        return Step(s)
-    if s.last_move is not None and t - s.last_move < p.cooldown_seconds:
+    down = [x for at, x in recent if t - at < p.window_seconds and x.latency is not None]
+    up = [x for at, x in recent if t - at < p.up_window_seconds and x.latency is not None]
+    since_move = math.inf if s.last_move is None else t - s.last_move
+    if since_move < (p.up_cooldown_seconds if s.last_move_up else p.cooldown_seconds):
         return Step(s, hold="cooldown")
     slo = p.slo
-    latencies = [x.latency for x in seen if x.latency is not None]
-    worst, best = max(latencies), min(latencies)
-    numbers = {"p99_min_seconds": round(best, 4), "p99_max_seconds": round(worst, 4), "slo_seconds": slo.target_seconds,
-               "utilization": r.utilization, "queued": r.queued, "batch": s.batch}  # fmt: skip
+    latest = [x.latency for x in (down or up) if x.latency is not None]
+    numbers = {"p99_min_seconds": round(min(latest), 4) if latest else None,
+               "p99_max_seconds": round(max(latest), 4) if latest else None, "slo_seconds": slo.target_seconds,
+               "utilization": r.utilization, "gateway_queued": r.gateway_queued, "waiting": r.waiting, "batch": s.batch}  # fmt: skip
     can_restart = r.window_open and r.restart_budget_ok and len(s.restarts) < p.restarts_per_day
 
     def moved(kind: MoveKind, old: Any, new: Any, reason: str, restart: bool, **changes: Any) -> Step:
-        out = replace(s, last_move=t, pinned_since=None, well_inside_since=None, recent=(), **changes)
+        grew = kind == "batch" and new > old
+        out = replace(s, last_move=t, last_move_up=grew, pinned_since=None, well_inside_since=None, recent=(), **changes)
         if restart:
             out = replace(out, restarts=out.restarts + (t,))
         return Step(out, Move(kind, old, new, reason, restart, numbers))
@@ -170,27 +215,61 @@ def step(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits) ->
             return f"{what} waits: {len(s.restarts)} tuning restarts in the last day"
         return f"{what} waits: the breaker's restart budget is kept for emergencies"
 
-    if best > slo.above:  # every poll of the window over the objective
-        if s.speculation:
-            if can_restart:
-                return moved("speculation", True, False, "p99_over_slo", True, speculation=False)
-            if not limits.fast:
-                return Step(s, hold=slow_hold("speculation off"))
-        if s.batch <= p.min_batch:
-            return Step(s, hold="p99 over the objective at the smallest batch")
-        lower = max(p.min_batch, s.batch - step_size(s.batch, p))
+    def held_back(xs: list[Reading]) -> bool:
         if limits.fast:
-            return moved("batch", s.batch, lower, "p99_over_slo", False, batch=lower)
-        if can_restart:
-            return moved("max_num_seqs", s.max_num_seqs, lower, "p99_over_slo", True, batch=lower, max_num_seqs=lower)
-        return Step(s, hold=slow_hold("a smaller batch"))
+            return all(x.gateway_queued > 0 for x in xs)
+        return all(x.waiting > 0 and x.kv_usage is not None and x.kv_usage < p.kv_spare_below for x in xs)
 
-    well_inside = worst <= slo.target_seconds * p.headroom_ratio
-    idle = all(x.utilization is not None and x.utilization < p.raise_below_utilization for x in seen)
-    queued = all(x.queued > 0 for x in seen)
-    if worst < slo.below and queued and (idle or well_inside) and s.batch < limits.hardware_cap:
-        why = "gpu_idle_with_queue" if idle else "p99_headroom_with_queue"
-        higher = min(limits.hardware_cap, s.batch + step_size(s.batch, p))
+    # -- a smaller batch: the long window must agree ------------------------------------------
+    if len(down) >= p.min_samples and since_move >= p.cooldown_seconds:
+        best = min(x.latency for x in down if x.latency is not None)
+        if s.trial is not None:  # the first full window after lowering the batch: did it lower P99?
+            _, before, old_batch = s.trial
+            s = replace(s, trial=None)
+            if best > before * (1 - p.improve_ratio):
+                numbers["p99_before_seconds"] = round(before, 4)
+                return moved("batch", s.batch, old_batch, "lowering_did_not_help", False, batch=old_batch,
+                             blocked_down_until=t + p.blocked_seconds)  # fmt: skip
+        if s.batch > p.min_batch and all((x.preemptions_per_second or 0.0) > p.preemption_rate_limit for x in down):
+            lower = max(p.min_batch, s.batch - step_size(s.batch, p.step_ratio))
+            numbers["preemptions_per_second"] = r.preemptions_per_second
+            if limits.fast:
+                return moved("batch", s.batch, lower, "preemptions", False, batch=lower, ceiling=(s.batch, t + p.blocked_seconds))
+        if best > slo.above and held_back(down):
+            return Step(s, hold="overloaded: P99 over the objective with requests queued (more replicas needed)")
+        if best > slo.above:  # every poll of the window over the objective, nothing queued: the engine is slow
+            if s.speculation:
+                if can_restart:
+                    return moved("speculation", True, False, "p99_over_slo", True, speculation=False)
+                if not limits.fast:
+                    return Step(s, hold=slow_hold("speculation off"))
+            if s.batch <= p.min_batch:
+                return Step(s, hold="p99 over the objective at the smallest batch")
+            if s.blocked_down_until is not None and t < s.blocked_down_until:
+                return Step(s, hold="p99 over the objective, but a smaller batch did not lower it last time")
+            lower = max(p.min_batch, s.batch - step_size(s.batch, p.step_ratio))
+            if limits.fast:
+                return moved("batch", s.batch, lower, "p99_over_slo", False, batch=lower, trial=(t, best, s.batch))
+            if can_restart:
+                return moved("max_num_seqs", s.max_num_seqs, lower, "p99_over_slo", True, batch=lower, max_num_seqs=lower)
+            return Step(s, hold=slow_hold("a smaller batch"))
+
+    # -- a larger batch: the short window must agree ------------------------------------------
+    if len(up) < p.up_min_samples or s.trial is not None:
+        return Step(s)
+    worst = max(x.latency for x in up if x.latency is not None)
+    idle = worst < slo.below and all(
+        x.utilization is not None and x.utilization < p.raise_below_utilization and x.gateway_queued + x.waiting > 0
+        for x in up
+    )
+    queue = held_back(up) and worst <= slo.above
+    cap = limits.hardware_cap
+    if s.ceiling is not None and t < s.ceiling[1]:
+        cap = min(cap, s.ceiling[0] - 1)
+    preempting = any((x.preemptions_per_second or 0.0) > p.preemption_rate_limit for x in up)
+    if (queue or idle) and not preempting and s.batch < cap:
+        why = "queue_held_by_batch" if queue else "gpu_idle_with_queue"
+        higher = min(cap, s.batch + step_size(s.batch, p.up_step_ratio))
         engine_limit = s.max_num_seqs if s.max_num_seqs is not None else limits.hardware_cap
         if limits.fast and s.batch < engine_limit:
             return moved("batch", s.batch, min(higher, engine_limit), why, False, batch=min(higher, engine_limit))
@@ -204,10 +283,11 @@ def step(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits) ->
         target = limits.hardware_cap if limits.fast else higher
         return moved("max_num_seqs", s.max_num_seqs, target, f"pinned_{why}", True, batch=higher, max_num_seqs=target)
 
+    # -- speculation back on: well inside for a long time, with a small batch ----------------
     s = replace(s, pinned_since=None)
     if s.speculation or not limits.speculation_allowed or limits.speculative_config is None or r.degraded:
         return Step(replace(s, well_inside_since=None))
-    if not (well_inside and s.batch <= p.speculation_max_batch):
+    if not (worst <= slo.target_seconds * p.headroom_ratio and s.batch <= p.speculation_max_batch):
         return Step(replace(s, well_inside_since=None))
     since = s.well_inside_since if s.well_inside_since is not None else min(at for at, _ in recent)
     s = replace(s, well_inside_since=since)
