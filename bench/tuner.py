@@ -239,7 +239,7 @@ class Bench:
         if out.move is None:
             return
         m = out.move
-        self.result.moves.append(f"{t / 60:.0f}m {m.kind} {m.old}->{m.new}")
+        self.result.moves.append(f"{t / 60:.0f}m {m.kind} {m.old}->{m.new} ({m.reason})")
         self.cap = self.state.batch
         if m.restart:
             self.result.restarts += 1
@@ -270,10 +270,11 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (default 2)")
     ap.add_argument("--load-seconds", type=float, default=45.0, help="simulated engine load time on a restart (default 45)")
     ap.add_argument("--slo-ms", type=float, default=500.0, help="P99 TTFT objective, also goodput's bar (default 500)")
+    ap.add_argument("--only", nargs="*", help="run only these workloads (diurnal, bursty, long-context)")
     args = ap.parse_args()
     seconds = args.minutes * 60
     configs = [*BUILTIN_PRESETS, "tuner", "tuner-from-8"]
-    loads = workloads(seconds, args.seed)
+    loads = {w: a for w, a in workloads(seconds, args.seed).items() if not args.only or w in args.only}
     jobs = [(w, c, arrivals, seconds, args.seed, args.load_seconds, args.slo_ms / 1000) for w, arrivals in loads.items() for c in configs]
     print(f"{len(jobs)} runs of {args.minutes:g} simulated minutes ({sum(len(a) for a in loads.values())} requests per configuration), {args.jobs} at a time", flush=True)
     results: dict[tuple[str, str], Result] = {}

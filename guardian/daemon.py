@@ -50,7 +50,7 @@ from guardian.notify.sms import TwilioSender, read_token
 from guardian.notify import alertmanager
 from guardian.notify.alerts import Contact
 from guardian.pipeline import Decision, Pipeline
-from guardian.policy import response
+from guardian.policy import response, tuner
 from guardian.policy.response import Action, Command
 from guardian.record import SampleRecorder
 from guardian.sample import EngineReading, NvmlReading, ProcReading, Sample
@@ -387,7 +387,8 @@ class Daemon:
         scrapes = asyncio.gather(*(e.scraper.scrape() for e in engines))
         nvml, procs, scraped = await asyncio.gather(self._read_nvml(), self._read_processes(engines), scrapes)
         readings = [_with_processes(r, procs.get(r.name)) for r in scraped]
-        sample = Sample(t=started, wall=wall, nvml=nvml, engines=tuple(readings))
+        sample = Sample(t=started, wall=wall, nvml=nvml, engines=tuple(readings),
+                        gateway=self.gateway.loads() if self.gateway is not None else ())  # fmt: skip
         previous = self.snapshot.engines if self.snapshot else {}
         finished = self.executor.finished(before=started) if self.executor else {}
         result = self.pipeline.step(sample, finished)
@@ -439,6 +440,12 @@ class Daemon:
         for action in decision.actions:
             if action.kind == "restart" and not self.dry_run:
                 self.metrics.restarts.labels(action.engine, action.reason).inc()
+            move = action.details.get("move")  # the tuner's; a slow move comes as its restart and the cap that follows it
+            if move is not None and (action.kind == "restart" or move == "batch"):
+                self.metrics.tuner_moves.labels(action.engine, move, action.reason).inc()
+                log.info("tuner_move", engine=action.engine, kind=action.details["move"], reason=action.reason,
+                         restart=action.kind == "restart", dry_run=self.dry_run,
+                         **{k: v for k, v in action.details.items() if k not in ("move", "tuned", "profile")})  # fmt: skip
         if self._record is not None:
             self._write_record(decision)
         self._save_state(decision.wall - decision.t)
@@ -455,6 +462,9 @@ class Daemon:
             budget_left={name: self.pipeline.budget_left(name) for name in self.pipeline.states},
             dry_run=self.dry_run,
             restarting=self.executor.restarting if self.executor else [],
+            tuners=dict(self.pipeline.tuners),
+            tuner_limits=dict(self.pipeline.tuner_limits),
+            tuner_holds=dict(self.pipeline.tuner_holds),
         )
 
     def _refused(self, token: str | None) -> tuple[int, dict[str, Any]] | None:
@@ -526,7 +536,10 @@ class Daemon:
         """Start from the saved level and restart history; a corrupt file is set aside and spends the budget."""
         offset = time.time() - time.monotonic()
         try:
-            loaded = self._state.load(lambda data: {name: response.from_disk(doc, offset) for name, doc in data["engines"].items()})
+            loaded = self._state.load(lambda data: (
+                {name: response.from_disk(doc, offset) for name, doc in data["engines"].items()},
+                {name: tuner.from_disk(doc, offset) for name, doc in data.get("tuner", {}).items()},
+            ))  # fmt: skip
         except OSError as exc:
             log.error("state_unreadable", file=str(self._state.path), reason=exc.strerror or str(exc),
                       detail="starting at L0 with no restart history")  # fmt: skip
@@ -538,7 +551,12 @@ class Daemon:
             return
         if loaded.value is None:
             return
-        engines: dict[str, response.EngineState] = loaded.value
+        engines: dict[str, response.EngineState] = loaded.value[0]
+        for name, tuned in loaded.value[1].items():
+            if self.config.tuned(name):
+                self.pipeline.tuners[name] = tuned
+                log.info("tuner_restored", engine=name, batch=tuned.batch, max_num_seqs=tuned.max_num_seqs,
+                         speculation=tuned.speculation, tuning_restarts_today=len(tuned.restarts))  # fmt: skip
         for name, state in engines.items():
             if name in self.pipeline.states:
                 self.pipeline.states[name] = state
@@ -572,7 +590,9 @@ class Daemon:
             self.pipeline.states[name] = replace(state, restarts=(now,) * self.config.actions.restart_budget)
 
     def _save_state(self, wall_offset: float) -> None:
-        data = {"engines": {name: response.to_disk(s, wall_offset) for name, s in self.pipeline.states.items()}}
+        data: dict[str, Any] = {"engines": {name: response.to_disk(s, wall_offset) for name, s in self.pipeline.states.items()}}
+        if self.pipeline.tuners:
+            data["tuner"] = {name: tuner.to_disk(s, wall_offset) for name, s in self.pipeline.tuners.items()}
         if data == self._saved:
             return
         try:
@@ -650,7 +670,7 @@ class Daemon:
                 load=_load_of(engine.scraper),
                 admin=VllmAdmin(section.url, self._session) if section.dev_mode else None,
                 launcher=self._launchers.get(section.name) or _launcher(section, config.guardian.state_dir),
-                base_args=dict(restart.args) if restart else {},
+                base_args=config.base_args(section),
                 backend=restart.attention_backend if restart else "flash_attn",
             )
         return out

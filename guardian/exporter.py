@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from guardian import __version__
-from guardian.snapshot import Snapshot
+from guardian.snapshot import PolicyView, Snapshot
 
 
 class Metrics:
@@ -65,6 +65,9 @@ class Metrics:
             "guardian_actions", "Actions carried out (or planned, under --dry-run), by kind and outcome.",
             ["engine", "kind", "outcome"], registry=r,
         )  # fmt: skip
+        self.tuner_moves = Counter(
+            "guardian_tuner_moves", "The tuner's moves, by what moved and why.", ["engine", "kind", "reason"], registry=r
+        )
         self.restarts = Counter(
             "guardian_restarts", "Drained restarts guardian began, by why.", ["engine", "why"], registry=r
         )
@@ -271,7 +274,29 @@ def _policy_metrics(snap: Snapshot) -> list[Metric]:
         forced.add_metric([name], 1.0 if state.breaker.forced else 0.0)
         left.add_metric([name], float(snap.policy.budget_left.get(name, 0)))
         restarting.add_metric([name], 1.0 if name in snap.policy.restarting else 0.0)
-    return [level, forced, left, restarting, dry]
+    return [level, forced, left, restarting, dry, *_tuner_metrics(snap.policy)]
+
+
+def _tuner_metrics(policy: PolicyView) -> list[Metric]:
+    e = ["engine"]
+    batch = _gauge("guardian_tuner_target_batch", "The tuner's effective batch: the gateway's concurrency cap for the engine.", e)
+    seqs = _gauge("guardian_tuner_max_num_seqs", "--max-num-seqs the tuner keeps the engine at (absent: vLLM's default).", e)
+    cap = _gauge("guardian_tuner_hardware_batch_cap", "The batch the tuner may reach on the engine's GPU (hardware profile).", e)
+    spec = _gauge("guardian_speculation_enabled", "1 while the tuner keeps speculative decoding on for the engine.", e)
+    overload = _gauge(
+        "guardian_tuner_overloaded", "1 while P99 is over the objective with requests queued: more replicas would help.", e
+    )
+    for name, s in policy.tuners.items():
+        batch.add_metric([name], float(s.batch))
+        if s.max_num_seqs is not None:
+            seqs.add_metric([name], float(s.max_num_seqs))
+        spec.add_metric([name], 1.0 if s.speculation else 0.0)
+        hold = policy.tuner_holds.get(name) or ""
+        overload.add_metric([name], 1.0 if hold.startswith("overloaded") else 0.0)
+        limits = policy.tuner_limits.get(name)
+        if limits is not None:
+            cap.add_metric([name], float(limits.hardware_cap))
+    return [batch, seqs, cap, spec, overload] if policy.tuners else []
 
 
 # -- /status -------------------------------------------------------------------
@@ -328,6 +353,19 @@ def status(snap: Snapshot | None, started_wall: float, interval: float) -> dict[
                 "dry_run": snap.policy.dry_run,
             }
             for name, st in snap.policy.states.items()
+        }
+    if snap.policy is not None and snap.policy.tuners:
+        out["tuner"] = {
+            name: {
+                "batch": s.batch,
+                "max_num_seqs": s.max_num_seqs,
+                "hardware_batch_cap": getattr(snap.policy.tuner_limits.get(name), "hardware_cap", None),
+                "speculation": s.speculation,
+                "last_move": None if s.last_move is None else _iso(snap.sample.wall_at(s.last_move)),
+                "tuning_restarts_today": len(s.restarts),
+                "holding": snap.policy.tuner_holds.get(name),
+            }
+            for name, s in snap.policy.tuners.items()
         }
     if snap.memory is not None:
         out["memory"] = {

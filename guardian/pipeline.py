@@ -8,16 +8,18 @@ decision out, replay prints it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from guardian import config as cfg
 from guardian.analysis.engine_stats import EngineSignals, EngineTracker
 from guardian.analysis.memory import MemoryReport, MemoryWatch
-from guardian.policy import response
+from guardian.policy import response, tuner
 from guardian.policy.breaker import Evidence, Level, Transition
 from guardian.policy.evidence import EvidenceMemory, evidence
+from guardian.policy.profiles import hardware_profile
 from guardian.policy.response import Action, Command, EngineState
+from guardian.policy.slo import lanes_served
 from guardian.sample import Sample
 from guardian.snapshot import gpu_memory_by_pid
 
@@ -68,6 +70,9 @@ class Pipeline:
         self.host_memory = host_memory_bytes
         self.trackers: dict[str, EngineTracker] = {}
         self.states: dict[str, EngineState] = {}
+        self.tuners: dict[str, tuner.TunerState] = {}  # restored ones are set by the daemon before the first poll
+        self.tuner_limits: dict[str, tuner.Limits] = {}
+        self.tuner_holds: dict[str, str | None] = {}  # why the tuner did not move, when it wanted to
         self.config = config
         self._past = EvidenceMemory()
         self._memory = MemoryWatch(config.leak, config.fragmentation.kv_pool_share, host_memory_bytes)
@@ -108,8 +113,61 @@ class Pipeline:
             self.states[name] = out.state
             transitions += [(name, tr) for tr in out.transitions]
             actions += out.actions
+            if self.config.tuned(name):
+                actions += self._tune(name, sample, sig, e, memory)
         decision = Decision(sample.t, sample.wall, tuple(transitions), tuple(actions), finished)
         return PollResult(signals, memory, seen, decision)
+
+    def _tune(self, name: str, sample: Sample, sig: EngineSignals, e: Evidence, memory: MemoryReport) -> list[Action]:
+        """The tuner's poll for one engine: a fast move is a ``tune`` action (the gateway's cap), a slow one a restart."""
+        tc = self.config.tuner
+        assert tc is not None
+        state = self.states[name]
+        place = memory.placement.get(name)
+        gpus = [g for g in sample.nvml.gpus if place is not None and g.index in place.gpus] or list(sample.nvml.gpus[:1])
+        gpu_name = gpus[0].name if gpus else None
+        utils = [g.utilization_gpu_ratio for g in gpus if g.utilization_gpu_ratio is not None]
+        params = tc.params
+        gw = self.config.gateway
+        section = next(s for s in self.config.engines if s.name == name)
+        base = self.config.base_args(section)
+        limits = tuner.Limits(
+            hardware_cap=hardware_profile(gpu_name, tc.hardware).batch_cap,
+            fast=gw is not None,
+            speculation_allowed=params.slo.speculation_allowed(lanes_served(name, gw.high_priority_engines if gw else (), gw is not None)),
+            speculative_config=tc.speculative_config or base.get("speculative-config"),  # type: ignore[arg-type]
+        )  # fmt: skip
+        self.tuner_limits[name] = limits
+        actions: list[Action] = []
+        ts = self.tuners.get(name)
+        if ts is None:  # first poll (or restored): the gateway's cap becomes the tuner's batch
+            seqs = state.tuned.get("max-num-seqs", base.get("max-num-seqs"))
+            spec = ("speculative-config" in state.tuned and state.tuned["speculative-config"] is not None) or (
+                "speculative-config" not in state.tuned and "speculative-config" in base)  # fmt: skip
+            ts = tuner.initial(seqs if isinstance(seqs, int) else None, spec, limits)
+        if name not in self.tuner_holds and limits.fast:
+            actions.append(Action("tune", name, int(state.breaker.level), "start", {"batch": ts.batch, "was": None}))
+        load = sample.gateway_load(name)
+        reading = tuner.reading_from(
+            sig, params.slo, min(utils) if utils else None, float(load.queued) if load else 0.0,
+            breaker_level=int(state.breaker.level), restarting=state.restarting is not None, degraded=state.degraded,
+            window_open=tc.restarts_open(sample.wall),
+            restart_budget_ok=len(state.restarts) < self.config.actions.restart_budget - 1,  # one kept for the breaker
+        )  # fmt: skip
+        out = tuner.step(ts, reading, sample.t, params, limits)
+        self.tuners[name] = out.state
+        self.tuner_holds[name] = out.hold
+        m = out.move
+        if m is None:
+            return actions
+        details = {"move": m.kind, "batch": out.state.batch, "was": m.old, "new": m.new, **m.numbers}
+        if not m.restart:
+            return actions + [Action("tune", name, int(state.breaker.level), m.reason, details)]
+        self.states[name], restart = response.tuner_restart(name, state, e, sample.t, out.state.engine_args(limits), f"tune_{m.kind}")
+        restart = replace(restart, details={**restart.details, **details})
+        if limits.fast and out.state.batch != ts.batch:  # the cap follows; the drain holds requests until the restart ends
+            actions.append(Action("tune", name, int(state.breaker.level), m.reason, details))
+        return actions + [restart]
 
     def command(self, cmd: Command, t: float, wall: float) -> Decision:
         """Raises KeyError for an engine guardian does not watch."""

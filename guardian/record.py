@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from guardian.pipeline import Decision
-from guardian.sample import CoreReading, EngineReading, GpuProcess, GpuReading, Histogram, MigReading, NvmlReading, ProcReading, Sample
+from guardian.sample import (
+    CoreReading, EngineReading, GatewayLoad, GpuProcess, GpuReading, Histogram, MigReading, NvmlReading, ProcReading, Sample,
+)  # fmt: skip
 
 
 class SampleRecorder:
@@ -110,6 +112,7 @@ def from_record(record: dict[str, Any]) -> Sample:
         wall=record["wall"],
         nvml=NvmlReading(gpus=gpus, driver_version=nvml["driver_version"], error=nvml["error"]),
         engines=engines,
+        gateway=tuple(GatewayLoad(**g) for g in record.get("gateway", ())),  # absent in records before the tuner
     )
 
 

@@ -138,6 +138,16 @@ class EngineReading:
 
 
 @dataclass(frozen=True, slots=True)
+class GatewayLoad:
+    """guardian's own admission gateway in front of one engine, as the poll found it."""
+
+    engine: str
+    queued: int
+    in_flight: int
+    cap: int
+
+
+@dataclass(frozen=True, slots=True)
 class Sample:
     """Everything one poll saw; ``t`` is monotonic seconds, ``wall`` unix seconds."""
 
@@ -145,6 +155,10 @@ class Sample:
     wall: float
     nvml: NvmlReading
     engines: tuple[EngineReading, ...]
+    gateway: tuple[GatewayLoad, ...] = ()  # empty: no gateway configured
+
+    def gateway_load(self, name: str) -> GatewayLoad | None:
+        return next((g for g in self.gateway if g.engine == name), None)
 
     def engine(self, name: str) -> EngineReading | None:
         return next((e for e in self.engines if e.name == name), None)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from guardian.analysis.engine_stats import EngineSignals
 from guardian.analysis.memory import MemoryReport
 from guardian.policy.response import EngineState
+from guardian.policy.tuner import Limits, TunerState
 from guardian.sample import NvmlReading, Sample
 
 
@@ -19,6 +20,9 @@ class PolicyView:
     budget_left: dict[str, int]
     dry_run: bool
     restarting: list[str]  # engines with a drained restart under way
+    tuners: dict[str, TunerState] = field(default_factory=dict)
+    tuner_limits: dict[str, Limits] = field(default_factory=dict)
+    tuner_holds: dict[str, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

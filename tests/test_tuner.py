@@ -101,7 +101,7 @@ def test_min_samples_before_the_first_move() -> None:
 
 
 def test_cooldown_separates_moves() -> None:
-    readings = [Reading(latency=0.9 * 0.8 ** (i // 24), utilization=1.0, gateway_queued=0) for i in range(200)]  # each step helps
+    readings = [Reading(latency=0.9 * 0.8 ** (i // 12), utilization=1.0, gateway_queued=0) for i in range(200)]  # each step helps
     _, moves, holds = run(TunerState(batch=24, max_num_seqs=24, speculation=False), readings)
     times = [t for t, _ in moves]
     assert len(times) >= 3
@@ -261,3 +261,12 @@ def test_preemptions_throughout_the_window_lower_the_batch_and_cap_it_below_for_
     _, moves, _ = run(TunerState(batch=24, max_num_seqs=24, speculation=False), storm + calm, start=0.0,
                       p=TunerParams(blocked_seconds=100))  # fmt: skip
     assert moves[-1][1].new == 24  # once the ceiling expires
+
+
+def test_each_undo_in_a_row_doubles_the_wait_before_the_next_smaller_batch() -> None:
+    readings = steady(0.3, 2000, queued=0)  # P99 that never answers to the batch
+    _, moves, _ = run(TunerState(batch=16, max_num_seqs=24, speculation=False), readings)
+    undos = [t for t, m in moves if m.reason == "lowering_did_not_help"]
+    tries = [t for t, m in moves if m.reason == "p99_over_slo"]
+    assert len(tries) == len(undos) == 4  # at 25 s, then 15, 30 and 60 min after each undo (10000 s in all)
+    assert [b - a for a, b in zip(undos, tries[1:])] == [P.blocked_seconds, 2 * P.blocked_seconds, 4 * P.blocked_seconds]

@@ -69,9 +69,9 @@ class Executor:
         self._finished: dict[str, tuple[bool, float]] = {}
 
     def args_for(self, engine: str, details: Mapping[str, Any]) -> EngineArgs:
-        """The engine's arguments for a restart: base + the degraded profile + a lowered utilisation."""
+        """The engine's arguments for a restart: base + the tuner's + the degraded profile + a lowered utilisation."""
         act = self.engines[engine]
-        layers: list[Mapping[str, Value | None]] = []
+        layers: list[Mapping[str, Value | None]] = [details.get("tuned") or {}]
         if details.get("profile") == "degraded":
             layers.append(self.degraded)
         if details.get("gpu_memory_utilization") is not None:
@@ -129,6 +129,8 @@ class Executor:
         act = self.engines[action.engine]
         if action.kind == "gates":
             outcome = await self.gateway.set_gates(action.engine, Gates.for_level(action.level))
+        elif action.kind == "tune":
+            outcome = await self.gateway.set_cap(action.engine, int(action.details["batch"]))
         else:
             outcome = (
                 await act.admin.reset_prefix_cache()

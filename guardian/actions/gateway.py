@@ -30,6 +30,10 @@ class Gates:
 class Gateway(Protocol):
     async def set_gates(self, engine: str, gates: Gates) -> Outcome: ...
 
+    async def set_cap(self, engine: str, cap: int) -> Outcome:
+        """The engine's concurrency cap: the tuner's effective batch."""
+        ...
+
     async def drain(self, engine: str, timeout: float) -> Outcome:
         """Stop admitting new requests to the engine (they wait in the gateway); return once none is in flight."""
         ...
@@ -45,6 +49,9 @@ NO_GATEWAY = "no admission gateway is configured: clients reach vLLM directly, s
 class NoGateway:
     async def set_gates(self, engine: str, gates: Gates) -> Outcome:
         return Outcome("gates", "not_configured", NO_GATEWAY)
+
+    async def set_cap(self, engine: str, cap: int) -> Outcome:
+        return Outcome("cap", "not_configured", NO_GATEWAY)
 
     async def drain(self, engine: str, timeout: float) -> Outcome:
         return Outcome("drain", "not_configured", NO_GATEWAY)

@@ -35,6 +35,7 @@ from guardian.actions.gateway import Gates
 from guardian.actions.outcome import Outcome
 from guardian.gateway.admission import Admission, Lane, Refusal
 from guardian.policy.buckets import Bucket, choose, prompt_chars
+from guardian.sample import GatewayLoad
 
 log = logs.get("guardian.gateway")
 
@@ -126,6 +127,18 @@ class GatewayServer:
         adm.dispatch()
         return Outcome("gates", "done", f"refuse long contexts: {gates.refuse_long_context}, pause low: "
                                         f"{gates.pause_low_priority}, high only: {gates.high_priority_only}")  # fmt: skip
+
+    async def set_cap(self, engine: str, cap: int) -> Outcome:
+        if engine not in self.admission:
+            return Outcome("cap", "not_configured", f"the gateway has no upstream {engine!r}")
+        adm = self.admission[engine]
+        was, adm.cap = adm.cap, cap
+        adm.dispatch()  # a larger cap admits queued requests at once; a smaller one lets in-flight ones finish
+        return Outcome("cap", "done", f"concurrency {was} -> {cap} ({adm.in_flight} in flight, {adm.queued} queued)")
+
+    def loads(self) -> tuple[GatewayLoad, ...]:
+        """What the poll records of the gateway: per engine, its queue, in-flight requests and cap."""
+        return tuple(GatewayLoad(name, a.queued, a.in_flight, a.cap) for name, a in self.admission.items())
 
     async def drain(self, engine: str, timeout: float) -> Outcome:
         if engine not in self.admission:

@@ -37,7 +37,7 @@ from guardian.policy import breaker
 from guardian.policy.breaker import BreakerParams, BreakerState, Evidence, Level, Transition
 
 PRESSURE_RULES = ("kv_usage", "over_budget")  # L2's rules: what the degraded profile answers
-ActionKind = Literal["gates", "reset_prefix_cache", "notify", "restart"]
+ActionKind = Literal["gates", "reset_prefix_cache", "notify", "restart", "tune"]
 Severity = Literal["info", "warning", "page"]
 
 
@@ -58,6 +58,7 @@ class EngineState:
     restarting: float | None = None  # a restart began then; its outcome is not in yet
     degraded: bool = False  # the degraded profile is (to be) applied
     gpu_memory_utilization: float | None = None  # lowered to keep the reserve; None: the engine's own value
+    tuned: Mapping[str, Any] = field(default_factory=dict)  # the tuner's engine arguments (--max-num-seqs, --speculative-config)
 
 
 @dataclass(frozen=True)
@@ -193,8 +194,15 @@ def lowered_utilization(s: EngineState, e: Evidence, bp: BreakerParams, rp: Resp
     return max(rp.min_gpu_memory_utilization, math.floor((current - shortfall) * 100 + 1e-9) / 100)
 
 
+def tuner_restart(name: str, s: EngineState, e: Evidence, t: float, tuned: Mapping[str, Any], why: str) -> tuple[EngineState, Action]:
+    """A restart the tuner asked for: counted in the budget and held for like the breaker's own."""
+    s = replace(s, restarts=s.restarts + (t,), restarting=t, tuned=dict(tuned))
+    return s, Action("restart", name, int(s.breaker.level), why, restart_details(s, e))
+
+
 def restart_details(s: EngineState, e: Evidence) -> dict[str, Any]:
     return {
+        "tuned": dict(s.tuned),
         "profile": "degraded" if s.degraded else "base",
         "gpu_memory_utilization": s.gpu_memory_utilization,
         "was_gpu_memory_utilization": e.gpu_memory_utilization,
@@ -269,6 +277,7 @@ def to_disk(s: EngineState, wall_offset: float) -> dict[str, Any]:
         "restarting": wall(s.restarting),
         "degraded": s.degraded,
         "gpu_memory_utilization": s.gpu_memory_utilization,
+        "tuned": dict(s.tuned),
     }
 
 
@@ -292,4 +301,5 @@ def from_disk(doc: Mapping[str, Any], wall_offset: float) -> EngineState:
         restarts=tuple(float(r) - wall_offset for r in doc["restarts"]),
         degraded=bool(doc["degraded"]),
         gpu_memory_utilization=None if util is None else float(util),
+        tuned=dict(doc.get("tuned") or {}),  # absent in state files from before the tuner
     )

@@ -81,8 +81,8 @@ class TunerParams:
     speculation_after_seconds: float = 600.0
     speculation_max_batch: int = 4
     restarts_per_day: int = 3
-    improve_ratio: float = 0.1  # a smaller batch must lower P99 by this share, or it is undone
-    blocked_seconds: float = 900.0  # after an undone move, the batch is not lowered again for this long
+    improve_ratio: float = 0.1  # a smaller batch must lower P99 by this share (worst after vs best before), or it is undone
+    blocked_seconds: float = 900.0  # after an undone move the batch is not lowered for this long, doubled per undo in a row
     preemption_rate_limit: float = 0.05  # preemptions/s (3 a minute) throughout the window: the batch is too large
 
 
@@ -140,6 +140,7 @@ class TunerState:
     restarts: tuple[float, ...] = ()  # slow moves inside the last day
     trial: tuple[float, float, int] | None = None  # a lowered batch on trial: (when, P99 before, batch before)
     blocked_down_until: float | None = None
+    undone: int = 0  # smaller batches undone in a row: P99 here does not answer to the batch (long prompts' prefill)
     ceiling: tuple[int, float] | None = None  # (batch, until): it overflowed the KV cache; stay below it until then
 
     def engine_args(self, limits: Limits) -> dict[str, Any]:
@@ -223,13 +224,16 @@ def step(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits) ->
     # -- a smaller batch: the long window must agree ------------------------------------------
     if len(down) >= p.min_samples and since_move >= p.cooldown_seconds:
         best = min(x.latency for x in down if x.latency is not None)
-        if s.trial is not None:  # the first full window after lowering the batch: did it lower P99?
+        if s.trial is not None:  # the first full window after lowering the batch: did it lower P99, clearly?
             _, before, old_batch = s.trial
             s = replace(s, trial=None)
-            if best > before * (1 - p.improve_ratio):
+            worst_after = max(x.latency for x in down if x.latency is not None)
+            if worst_after > before * (1 - p.improve_ratio):  # every poll after below every poll before, by a margin
                 numbers["p99_before_seconds"] = round(before, 4)
+                blocked = p.blocked_seconds * 2 ** min(s.undone, 4)
                 return moved("batch", s.batch, old_batch, "lowering_did_not_help", False, batch=old_batch,
-                             blocked_down_until=t + p.blocked_seconds)  # fmt: skip
+                             blocked_down_until=t + blocked, undone=s.undone + 1)  # fmt: skip
+            s = replace(s, undone=0)
         if s.batch > p.min_batch and all((x.preemptions_per_second or 0.0) > p.preemption_rate_limit for x in down):
             lower = max(p.min_batch, s.batch - step_size(s.batch, p.step_ratio))
             numbers["preemptions_per_second"] = r.preemptions_per_second
