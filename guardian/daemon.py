@@ -443,9 +443,10 @@ class Daemon:
             move = action.details.get("move")  # the tuner's; a slow move comes as its restart and the cap that follows it
             if move is not None and (action.kind == "restart" or move == "batch"):
                 self.metrics.tuner_moves.labels(action.engine, move, action.reason).inc()
-                log.info("tuner_move", engine=action.engine, kind=action.details["move"], reason=action.reason,
+                numbers = action.details.get("tuner", action.details)  # a restart carries the move's numbers apart
+                log.info("tuner_move", engine=action.engine, kind=move, reason=action.reason,
                          restart=action.kind == "restart", dry_run=self.dry_run,
-                         **{k: v for k, v in action.details.items() if k not in ("move", "tuned", "profile")})  # fmt: skip
+                         **{k: v for k, v in numbers.items() if k != "move"})  # fmt: skip
         if self._record is not None:
             self._write_record(decision)
         self._save_state(decision.wall - decision.t)

@@ -55,11 +55,13 @@ def demo_config(cluster: SimCluster, port: int, interval: float, state_dir: Path
         breaker=dataclasses.replace(DEMO_BREAKER, **cluster.scenario.breaker),  # type: ignore[arg-type]
         actions=DEMO_ACTIONS,
         gateway=cfg.GatewaySection(listen="127.0.0.1:0", queue_deadline_seconds=60.0),
+        tuner=cfg.TunerSection.model_validate(cluster.scenario.tuner) if cluster.scenario.tuner is not None else None,
         engines=[
             cfg.EngineSection(
                 name=f"sim{i}",
                 url=url,
                 dev_mode=True,
+                preset=cluster.scenario.preset,
                 process=cfg.ProcessSection(pid_file=cluster.pid_file) if i < cluster.process_engines else None,
             )
             for i, url in enumerate(cluster.urls)
@@ -169,11 +171,18 @@ def _gateway_text(daemon: Daemon) -> str:
             outcome = sample.labels.get("outcome", "")
             if sample.name.endswith("_total") and outcome.startswith("refused"):
                 refused[outcome.removeprefix("refused_")] += int(sample.value)
-    queues = " ".join(f"{name} {a.in_flight}/{a.queued}" for name, a in gw.admission.items())
+    queues = " ".join(f"{name} {a.in_flight}/{a.queued} cap {a.cap}" for name, a in gw.admission.items())
     shut = [f"{name}: " + ",".join(g for g, on in (("long", gates.refuse_long_context), ("low", gates.pause_low_priority),
                                                    ("high-only", gates.high_priority_only)) if on)
             for name, gates in gw.gates.items() if gates != type(gates)()]  # fmt: skip
     text = f" | gateway in flight/queued {queues}"
+    snap = daemon.snapshot
+    if snap is not None and snap.policy is not None and snap.policy.tuners:
+        text += " | tuner " + "; ".join(
+            f"{name} batch {s.batch} max-num-seqs {s.max_num_seqs or 'default'}" + (" spec" if s.speculation else "")
+            + (f" ({hold})" if (hold := snap.policy.tuner_holds.get(name)) and hold != "cooldown" else "")
+            for name, s in snap.policy.tuners.items()
+        )  # fmt: skip
     if shut:
         text += " gates " + "; ".join(shut)
     if refused:

@@ -160,11 +160,11 @@ class Pipeline:
         m = out.move
         if m is None:
             return actions
-        details = {"move": m.kind, "batch": out.state.batch, "was": m.old, "new": m.new, **m.numbers}
+        details = {**m.numbers, "move": m.kind, "batch": out.state.batch, "was": m.old, "new": m.new}
         if not m.restart:
             return actions + [Action("tune", name, int(state.breaker.level), m.reason, details)]
         self.states[name], restart = response.tuner_restart(name, state, e, sample.t, out.state.engine_args(limits), f"tune_{m.kind}")
-        restart = replace(restart, details={**restart.details, **details})
+        restart = replace(restart, details={**restart.details, "move": m.kind, "tuner": details})
         if limits.fast and out.state.batch != ts.batch:  # the cap follows; the drain holds requests until the restart ends
             actions.append(Action("tune", name, int(state.breaker.level), m.reason, details))
         return actions + [restart]

@@ -138,6 +138,8 @@ def render(result: Replay) -> str:
                 what = restart_text(a)
             elif a.kind == "gates":
                 what = f"gates for L{a.level}"
+            elif a.kind == "tune":
+                what = f"tuner: batch {a.details.get('was') or '-'} -> {a.details.get('batch')} ({a.reason})"
             lines.append(f"{when}  {a.engine:<12}   action: {what}")
     return "\n".join(lines) if lines else "no decisions: the breaker stayed at L0 and nothing was done"
 

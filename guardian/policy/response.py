@@ -224,6 +224,11 @@ def restart_text(a: Action) -> str:
     """A restart action in words, as the page and ``guardian replay`` tell it."""
     util = a.details.get("gpu_memory_utilization")
     flag = f", --gpu-memory-utilization {util:g}" if util is not None else ""
+    tuned = a.details.get("tuned") or {}
+    if tuned.get("max-num-seqs") is not None:
+        flag += f", --max-num-seqs {tuned['max-num-seqs']}"
+    if "speculative-config" in tuned:
+        flag += ", speculation " + ("on" if tuned["speculative-config"] else "off")
     return f"drained restart ({a.reason}, {a.details.get('profile')} profile{flag})"
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from guardian.sim.engine import EngineParams
 from guardian.sim.fake_nvml import SimGpu
@@ -68,6 +68,8 @@ class Scenario:
     demo_seconds: float = 60.0  # how long `guardian demo` plays it by default
     # breaker thresholds this scenario is played with in the demo (BreakerParams field -> value)
     breaker: Mapping[str, float] = field(default_factory=dict)
+    preset: str | None = None  # the engine preset the demo's config names (the engine's params match it)
+    tuner: Mapping[str, Any] | None = None  # [tuner] settings the demo runs with; None: no tuner
 
     def draw_prompt(self, rng: random.Random) -> int:
         if self.long_prompt is not None and rng.random() < self.long_share:
@@ -111,6 +113,14 @@ BREAKER_THRESHOLDS = {
 }
 
 
+# The tuner in seconds instead of minutes: short windows and cooldowns, a queue
+# held 5 s (not 5 min) before the engine's own --max-num-seqs is raised.
+TUNER_DEMO: Mapping[str, Any] = {
+    "slo": {"target_seconds": 0.5}, "window_seconds": 6.0, "min_samples": 6, "cooldown_seconds": 6.0,
+    "up_window_seconds": 2.0, "up_min_samples": 2, "up_cooldown_seconds": 2.0, "pinned_seconds": 5.0,
+}  # fmt: skip
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -146,6 +156,18 @@ SCENARIOS: dict[str, Scenario] = {
             long_share=0.35,
             long_prompt=Lengths(28000, 0.4, 16000, 60000),
             engine=EngineParams(num_gpu_blocks=6000),
+        ),
+        Scenario(
+            name="tuner-queue",
+            description="5 req/s against an engine started at the low_latency preset (--max-num-seqs 4): the gateway's "
+            "queue builds, the tuner restarts the engine at the GPU's batch cap and then raises the batch step by step",
+            rate=lambda t: 5.0,
+            prompt=Lengths(800, 0.6, 16, 4000),
+            output=Lengths(120, 0.6, 8, 512),
+            engine=EngineParams(max_num_seqs=4),
+            preset="low_latency",
+            tuner=TUNER_DEMO,
+            demo_seconds=60.0,
         ),
         Scenario(
             name="breaker-staircase",

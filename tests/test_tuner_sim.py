@@ -1,0 +1,94 @@
+"""The tuner end to end on the simulator: the demo's tuner-queue scenario with a real daemon, gateway and load.
+
+An engine started at the low_latency preset (--max-num-seqs 4) under 5 req/s:
+the gateway's queue builds, the tuner raises the engine's own limit by one
+drained restart and then the gateway's cap step by step. Seconds instead of
+minutes (the demo's tuner settings), polls every 0.25 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from guardian import config as cfg
+from guardian import replay
+from guardian.daemon import Daemon
+from guardian.demo import demo_config
+from guardian.record import SampleRecorder
+from guardian.sdnotify import Notifier
+from guardian.sim import scenarios
+from guardian.sim.cluster import SimCluster
+from guardian.sim.launcher import SimLauncher
+
+pytestmark = pytest.mark.slow
+
+
+async def _play(tmp_path: Path, seconds: float, dry_run: bool = False) -> tuple[Daemon, SimLauncher, list[dict], Counter[str], str]:  # type: ignore[type-arg]
+    cluster = SimCluster(scenarios.get("tuner-queue"), engines=1, seed=3)
+    await cluster.start()
+    config = demo_config(cluster, 0, 0.25, tmp_path / "state")
+    config = config.model_copy(update={"actions": cfg.ActionsSection(dry_run=dry_run, drain_timeout_seconds=30, start_timeout_seconds=30)})
+    launcher = SimLauncher(cluster.servers[0], load_seconds=0.5, seed=3)
+    daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""),
+                    record=SampleRecorder(tmp_path / "record.jsonl"), launchers={"sim0": launcher})  # fmt: skip
+    await daemon.start()
+    assert daemon.gateway is not None and daemon.gateway.address is not None
+    load = asyncio.create_task(cluster.run_load(None, via=f"http://127.0.0.1:{daemon.gateway.address[1]}"))
+    metrics = ""
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+            tuned = daemon.pipeline.tuners.get("sim0")
+            if not dry_run and tuned is not None and tuned.batch >= 21 and daemon.gateway.admission["sim0"].cap == tuned.batch:
+                await asyncio.sleep(1.0)  # a poll or four more: the metrics and the record catch up
+                break
+        metrics = daemon.metrics.render().decode()
+    finally:
+        load.cancel()
+        await asyncio.gather(load, return_exceptions=True)
+        await daemon.close()
+        await cluster.stop()
+    outcomes: Counter[str] = Counter()
+    for generator in cluster.loadgens:
+        outcomes.update(generator.outcomes)
+    decisions = [r for r in map(json.loads, (tmp_path / "record.jsonl").read_text().splitlines()) if r["kind"] == "decision"]
+    return daemon, launcher, decisions, outcomes, metrics
+
+
+async def test_a_queue_behind_a_small_batch_raises_the_engine_limit_once_then_the_gateway_cap(tmp_path: Path) -> None:
+    daemon, launcher, decisions, outcomes, metrics = await _play(tmp_path, 40)
+    actions = [a for d in decisions for a in d["actions"]]
+    tunes = [(a["details"]["was"], a["details"]["batch"], a["reason"]) for a in actions if a["kind"] == "tune"]
+    restarts = [a for a in actions if a["kind"] == "restart"]
+    assert tunes[0] == (None, 4, "start")  # the gateway's cap (64) becomes the preset's batch at once
+    assert len(restarts) == 1 and restarts[0]["reason"] == "tune_max_num_seqs"
+    assert launcher.started_with == [{"max-num-seqs": 24, "block-size": 16, "enable-chunked-prefill": False}]
+    steps = [b for _, b, _ in tunes[1:]]
+    assert steps[:4] == [6, 9, 14, 21]  # then the fast loop, half again per step, up to the H100's cap of 24
+    assert all(why in ("pinned_queue_held_by_batch", "queue_held_by_batch") for _, _, why in tunes[1:])
+    assert daemon.gateway is not None and daemon.gateway.admission["sim0"].cap == steps[-1]
+    assert f'guardian_tuner_target_batch{{engine="sim0"}} {steps[-1]:.1f}' in metrics
+    assert 'guardian_tuner_max_num_seqs{engine="sim0"} 24.0' in metrics
+    assert 'guardian_tuner_moves_total{engine="sim0",kind="max_num_seqs",reason="tune_max_num_seqs"} 1.0' in metrics
+    assert outcomes["200"] > 50 and sum(v for k, v in outcomes.items() if k not in ("200", "retried")) == 0, outcomes
+    header, records, problems = replay.read([tmp_path / "record.jsonl"])
+    again = replay.replay(replay.config_from(header, None), header, records, problems)
+    assert again.matches, again.first_difference()
+    state = json.loads((tmp_path / "state" / "state.json").read_text())["data"]
+    assert state["tuner"]["sim0"]["batch"] == steps[-1] and state["engines"]["sim0"]["tuned"]["max-num-seqs"] == 24
+
+
+async def test_dry_run_plans_the_tuner_moves_and_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    daemon, launcher, decisions, _, _ = await _play(tmp_path, 12, dry_run=True)
+    planned = [a for d in decisions for a in d["actions"] if a["kind"] in ("tune", "restart")]
+    assert planned and planned[0]["kind"] == "tune"
+    assert launcher.started_with == []
+    assert daemon.gateway is not None and daemon.gateway.admission["sim0"].cap == 64  # the gateway's own, untouched
+    assert "action_planned" in capsys.readouterr().out
