@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from guardian.analysis.leak import LeakDetector, LeakParams, LeakReport
+from guardian.plotting import PlotUnavailable, pyplot
 
 MiB = 2**20
 GiB = 2**30
@@ -238,12 +239,9 @@ def to_json(verdicts: list[Verdict]) -> list[dict[str, Any]]:
 
 def plot(verdicts: list[Verdict], out: Path) -> None:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise InputError("--plot needs matplotlib: pip install 'vllm-guardian[plot]'") from None
+        plt = pyplot()
+    except PlotUnavailable as exc:
+        raise InputError(str(exc)) from None
     fig, axes = plt.subplots(len(verdicts), 1, figsize=(11, 3.2 * len(verdicts)), squeeze=False)
     for ax, v in zip(axes[:, 0], verdicts):
         s = v.series

@@ -668,9 +668,9 @@ class Daemon:
             out[section.name] = EngineActuators(
                 name=section.name,
                 healthy=engine.scraper.health,
-                load=_load_of(engine.scraper),
+                load=engine.scraper.load,
                 admin=VllmAdmin(section.url, self._session) if section.dev_mode else None,
-                launcher=self._launchers.get(section.name) or _launcher(section, config.guardian.state_dir),
+                launcher=self._launchers.get(section.name) or launcher_for(section, config.guardian.state_dir),
                 base_args=config.base_args(section),
                 backend=restart.attention_backend if restart else "flash_attn",
             )
@@ -803,7 +803,7 @@ def record_header(config: cfg.Config, host_memory: float | None) -> dict[str, An
     }
 
 
-def _launcher(section: cfg.EngineSection, state_dir: Path) -> Launcher | None:
+def launcher_for(section: cfg.EngineSection, state_dir: Path) -> Launcher | None:
     restart = section.restart
     if restart is None:
         return None
@@ -812,16 +812,6 @@ def _launcher(section: cfg.EngineSection, state_dir: Path) -> Launcher | None:
         return SystemdLauncher(restart.unit, restart.env_file)
     assert restart.command
     return ChildLauncher(restart.command, state_dir / f"{section.name}.pid")
-
-
-def _load_of(scraper: VllmScraper) -> Any:
-    async def load() -> float | None:
-        """Requests the engine still holds (running + waiting), from one scrape; None when unknown."""
-        reading = await scraper.scrape()
-        counts = [(c.running or 0) + (c.waiting or 0) for c in reading.cores if c.running is not None]
-        return sum(counts) if reading.up and counts else None
-
-    return load
 
 
 def _reason(rule: str) -> str:

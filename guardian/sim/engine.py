@@ -82,6 +82,7 @@ class SimRequest:
     last_token_at: float | None = None
     preemptions: int = 0
     finish_reason: str | None = None
+    ignore_eos: bool = False  # vLLM's sampling extension: generate exactly max_tokens
 
     def __post_init__(self) -> None:
         self.prefill_target = self.prompt_tokens
@@ -281,7 +282,7 @@ class EngineModel:
         reason = None
         if req.generated >= req.max_tokens:
             reason = "length"
-        elif self.rng.random() < 1 - (1 - self.params.stop_probability) ** tokens:
+        elif not req.ignore_eos and self.rng.random() < 1 - (1 - self.params.stop_probability) ** tokens:
             reason = "stop"
         if reason is not None:
             self.running.remove(req)

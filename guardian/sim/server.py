@@ -247,6 +247,7 @@ class SimServer:
             arrival=self.now,
             priority=int(priority),
             listener=lambda n, reason: events.put_nowait((n, reason)),
+            ignore_eos=bool(body.get("ignore_eos", False)),
         )
         try:
             self.advance()

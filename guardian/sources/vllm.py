@@ -85,6 +85,12 @@ class VllmScraper:
         except promtext.ParseError as exc:
             return _Failure("truncated" if exc.truncated else "parse", f"GET /metrics is not Prometheus text: {exc}")
 
+    async def load(self) -> float | None:
+        """Requests the engine still holds (running + waiting), from one scrape; None when unknown (a restart's drain waits on it)."""
+        reading = await self.scrape()
+        counts = [(c.running or 0) + (c.waiting or 0) for c in reading.cores if c.running is not None]
+        return sum(counts) if reading.up and counts else None
+
     async def health(self) -> bool | None:
         """True on 200, False on an answer that is not 200, None when there was no answer."""
         try:

@@ -1,0 +1,316 @@
+"""``guardian tune``: the offline search operators run before go-live.
+
+A grid over ``--block-size`` × ``--max-num-seqs`` × speculation on/off. Each
+point is a drained restart of the engine with those arguments (the same
+``DrainedRestart`` the breaker uses, so a point vLLM would refuse is refused
+before anything stops), then a fixed-seed, standardised request set sent at
+increasing rates: open-loop Poisson arrivals, streamed, ``ignore_eos`` so
+every request generates exactly its ``max_tokens``, prompts as token ids so
+their length does not depend on the tokenizer. Per rate: P99 TTFT as the
+client sees it, finished requests and tokens per second. A point stops
+climbing once it misses the SLO (the next rate would only miss it more).
+
+The best point is the one that finishes the most requests per second with
+P99 inside the SLO and nothing failed. Results go to a JSON-lines file as
+they are measured: a second run with the same file skips what is done, so an
+interrupted search resumes where it stopped. At the end the engine is
+restarted with its own arguments again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, TextIO
+
+import aiohttp
+
+from guardian.actions.engine_args import EngineArgs, block_size_ok, valid_block_sizes
+from guardian.plotting import pyplot
+
+
+class TuneError(ValueError):
+    """Bad input to the search: said before any engine is restarted."""
+
+
+@dataclass(frozen=True)
+class Point:
+    block_size: int
+    max_num_seqs: int
+    speculation: bool
+
+    @property
+    def key(self) -> str:
+        return f"block{self.block_size}-seqs{self.max_num_seqs}-spec{'on' if self.speculation else 'off'}"
+
+    def args(self, speculative_config: dict[str, Any] | None) -> dict[str, Any]:
+        """The layer over the engine's own arguments (None removes --speculative-config)."""
+        return {"block-size": self.block_size, "max-num-seqs": self.max_num_seqs,
+                "speculative-config": speculative_config if self.speculation else None}  # fmt: skip
+
+    def __str__(self) -> str:
+        return f"block {self.block_size}, max-num-seqs {self.max_num_seqs}, speculation {'on' if self.speculation else 'off'}"
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Measurement:
+    point: str
+    rate: float
+    seconds: float
+    sent: int
+    finished: int
+    failed: int
+    p50_ttft_seconds: float | None
+    p99_ttft_seconds: float | None
+    requests_per_second: float  # finished over the time from the first arrival to the last answer, as vLLM's benchmarks count
+    tokens_per_second: float
+    error: str | None = None  # the point could not be measured (vLLM refused its arguments, did not start)
+
+    def meets(self, slo_seconds: float) -> bool:
+        return self.error is None and self.failed == 0 and self.p99_ttft_seconds is not None and self.p99_ttft_seconds <= slo_seconds
+
+
+# -- pure: the grid, the request set, the verdict ------------------------------------------------
+
+
+def grid(block_sizes: Iterable[int], max_num_seqs: Iterable[int], speculation: Iterable[bool], backend: str,
+         speculative_config: dict[str, Any] | None) -> list[Point]:  # fmt: skip
+    blocks = sorted(set(block_sizes))
+    bad = [b for b in blocks if not block_size_ok(b, backend)]
+    if bad:
+        raise TuneError(f"block size {', '.join(map(str, bad))} is refused by vLLM's {backend} backend: use {valid_block_sizes(backend)}")
+    seqs = sorted(set(max_num_seqs))
+    if not seqs or min(seqs) < 1:
+        raise TuneError("max_num_seqs values must be 1 or more")
+    spec = sorted(set(speculation))
+    if True in spec and not speculative_config:
+        raise TuneError("speculation on needs [tuner] speculative_config (e.g. {method = \"ngram\", num_speculative_tokens = 3})")
+    return [Point(b, n, s) for b in blocks for n in seqs for s in spec]
+
+
+def requests(n: int, seed: int, prompt_median: int, prompt_sigma: float, prompt_max: int, output_median: int,
+             output_sigma: float, output_max: int) -> list[Request]:  # fmt: skip
+    """The standardised set: the same lengths for every point and every run with this seed."""
+    rng = random.Random(seed)
+
+    def draw(median: int, sigma: float, top: int) -> int:
+        return max(1, min(top, int(rng.lognormvariate(math.log(median), sigma))))
+
+    return [Request(draw(prompt_median, prompt_sigma, prompt_max), draw(output_median, output_sigma, output_max)) for _ in range(n)]
+
+
+def best(results: Iterable[Measurement], slo_seconds: float) -> Measurement | None:
+    inside = [m for m in results if m.meets(slo_seconds)]
+    return max(inside, key=lambda m: (m.requests_per_second, -(m.p99_ttft_seconds or 0))) if inside else None
+
+
+def table(results: list[Measurement], slo_seconds: float, chosen: Measurement | None) -> str:
+    lines = [f"{'point':<28} {'rate':>6} {'p50 ttft':>9} {'p99 ttft':>9} {'req/s':>7} {'tok/s':>8} {'failed':>6}  SLO"]
+    for m in results:
+        if m.error is not None:
+            lines.append(f"{m.point:<28} {'-':>6} {'':>9} {'':>9} {'':>7} {'':>8} {'':>6}  not measured: {m.error}")
+            continue
+        mark = "ok" if m.meets(slo_seconds) else "missed"
+        if m is chosen:
+            mark += "  <- best"
+        lines.append(f"{m.point:<28} {m.rate:>6g} {_ms(m.p50_ttft_seconds):>9} {_ms(m.p99_ttft_seconds):>9} "
+                     f"{m.requests_per_second:>7.2f} {m.tokens_per_second:>8.0f} {m.failed:>6}  {mark}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f} ms"
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+# -- the results file: what makes the search resumable ---------------------------------------------
+
+
+def load_results(path: Path) -> list[Measurement]:
+    if not path.exists():
+        return []
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(Measurement(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise TuneError(f"{path}:{n}: not a result line of guardian tune ({exc}); move the file away to start over") from None
+    return out
+
+
+def append_result(path: Path, m: Measurement) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(asdict(m)) + "\n")
+        f.flush()
+
+
+# -- the load: one rate against one engine ----------------------------------------------------------
+
+
+async def measure(session: aiohttp.ClientSession, url: str, model: str, api_key: str | None, reqs: list[Request],
+                  rate: float, seconds: float, seed: int, point: str, finish_seconds: float = 120.0) -> Measurement:  # fmt: skip
+    """Open-loop Poisson arrivals at ``rate`` for ``seconds``; then wait for the stragglers (at most ``finish_seconds``)."""
+    rng = random.Random(seed)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    ttfts: list[float] = []
+    tokens = 0
+    failed = 0
+    tasks: list[asyncio.Task[None]] = []
+    rng_ids = random.Random(seed + 1)  # the prompt's token ids: arbitrary, but the same every run
+
+    async def one(req: Request) -> None:
+        nonlocal tokens, failed
+        body = {"model": model, "prompt": [rng_ids.randrange(1000, 20000) for _ in range(req.prompt_tokens)],
+                "max_tokens": req.max_tokens, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        sent = time.monotonic()
+        first: float | None = None
+        usage = None
+        try:
+            async with session.post(url + "/v1/completions", json=body, headers=headers) as resp:
+                if resp.status != 200:
+                    failed += 1
+                    return
+                async for raw in resp.content:
+                    line = raw.decode("utf-8", "replace").strip()
+                    if not line.startswith("data:") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[5:])
+                    if first is None and any(c.get("text") for c in chunk.get("choices") or ()):
+                        first = time.monotonic()
+                    usage = chunk.get("usage") or usage
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, json.JSONDecodeError):
+            failed += 1
+            return
+        if first is None:
+            failed += 1
+            return
+        ttfts.append(first - sent)
+        tokens += int(usage["completion_tokens"]) if usage else req.max_tokens
+
+    started = time.monotonic()
+    i = 0
+    while True:
+        await asyncio.sleep(rng.expovariate(rate))
+        if time.monotonic() - started >= seconds:
+            break
+        tasks.append(asyncio.create_task(one(reqs[i % len(reqs)])))
+        i += 1
+    done, pending = await asyncio.wait(tasks, timeout=finish_seconds) if tasks else (set(), set())
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    elapsed = time.monotonic() - started
+    finished = len(ttfts)
+    return Measurement(
+        point=point, rate=rate, seconds=round(elapsed, 2), sent=len(tasks), finished=finished, failed=failed + len(pending),
+        p50_ttft_seconds=quantile(ttfts, 0.5), p99_ttft_seconds=quantile(ttfts, 0.99),
+        requests_per_second=round(finished / elapsed, 3), tokens_per_second=round(tokens / elapsed, 1),
+    )  # fmt: skip
+
+
+async def model_of(session: aiohttp.ClientSession, url: str, api_key: str | None) -> str:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with session.get(url + "/v1/models", headers=headers) as resp:
+        if resp.status != 200:
+            raise TuneError(f"GET {url}/v1/models answered HTTP {resp.status}")
+        data = await resp.json()
+    models = [m.get("id") for m in data.get("data", [])]
+    if not models:
+        raise TuneError(f"{url} serves no model")
+    return str(models[0])
+
+
+# -- the search --------------------------------------------------------------------------------------
+
+
+Restart = Callable[[EngineArgs], Any]  # awaitable Outcome
+
+
+@dataclass(frozen=True)
+class Search:
+    url: str
+    api_key: str | None
+    base_args: EngineArgs
+    points: list[Point]
+    rates: list[float]
+    seconds: float
+    reqs: list[Request]
+    slo_seconds: float
+    seed: int
+    speculative_config: dict[str, Any] | None
+    results_path: Path
+
+
+async def run(search: Search, restart: Restart, out: TextIO | None = None) -> list[Measurement]:
+    """Every point not yet in the results file, measured; returns all results (old and new) in grid order."""
+    out = out or sys.stdout
+    done = load_results(search.results_path)
+    have = {(m.point, m.rate) for m in done} | {(m.point, None) for m in done if m.error}
+    stopped = {m.point for m in done if m.error or not m.meets(search.slo_seconds)}
+    todo = [p for p in search.points if p.key not in stopped and any((p.key, r) not in have for r in search.rates)]
+    print(f"guardian tune: {len(search.points)} points × {len(search.rates)} rates, {search.seconds:g} s each; "
+          f"{len(search.points) - len(todo)} already in {search.results_path}", file=out, flush=True)  # fmt: skip
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        for n, point in enumerate(todo, 1):
+            print(f"[{n}/{len(todo)}] {point}: restarting the engine", file=out, flush=True)
+            args = {k: v for k, v in {**search.base_args, **point.args(search.speculative_config)}.items() if v is not None}
+            outcome = await restart(args)
+            if not outcome.ok:
+                m = Measurement(point.key, 0, 0, 0, 0, 0, None, None, 0, 0, error=f"{outcome.status}: {outcome.detail}")
+                append_result(search.results_path, m)
+                print(f"    not measured: {m.error}", file=out, flush=True)
+                continue
+            model = await model_of(session, search.url, search.api_key)
+            for rate in search.rates:
+                if (point.key, rate) in have:
+                    continue
+                m = await measure(session, search.url, model, search.api_key, search.reqs, rate, search.seconds,
+                                  search.seed, point.key)  # fmt: skip
+                append_result(search.results_path, m)
+                verdict = "ok" if m.meets(search.slo_seconds) else "missed the SLO"
+                print(f"    {rate:g} req/s: p99 ttft {_ms(m.p99_ttft_seconds)}, {m.requests_per_second:.2f} req/s, "
+                      f"{m.tokens_per_second:.0f} tok/s, {m.failed} failed: {verdict}", file=out, flush=True)  # fmt: skip
+                if not m.meets(search.slo_seconds):
+                    break  # a higher rate would only miss it more
+    results = load_results(search.results_path)
+    order = {p.key: i for i, p in enumerate(search.points)}
+    return sorted((m for m in results if m.point in order), key=lambda m: (order[m.point], m.rate))
+
+
+def plot(results: list[Measurement], slo_seconds: float, path: Path) -> None:
+    plt = pyplot()
+    fig, (lat, thr) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for key in dict.fromkeys(m.point for m in results if m.error is None):
+        ms = [m for m in results if m.point == key and m.error is None]
+        lat.plot([m.rate for m in ms], [(m.p99_ttft_seconds or 0) * 1000 for m in ms], marker="o", lw=1, label=key)
+        thr.plot([m.rate for m in ms], [m.requests_per_second for m in ms], marker="o", lw=1, label=key)
+    lat.axhline(slo_seconds * 1000, color="#d62728", ls="--", lw=1, label="SLO")
+    lat.set(xlabel="offered load (req/s)", ylabel="P99 TTFT (ms)", title="P99 time to first token", yscale="log")
+    thr.set(xlabel="offered load (req/s)", ylabel="finished (req/s)", title="throughput")
+    lat.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
