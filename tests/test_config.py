@@ -262,3 +262,35 @@ def test_example_gateway_table_validates_once_uncommented() -> None:
     gateway = cfg.loads(text).gateway
     assert gateway is not None and [b.max_tokens for b in gateway.buckets] == [4096, 32768, 128000]
     assert gateway.buckets[0].engines == ["llama-8b"] and gateway.buckets[2].preemptible
+
+
+def test_example_tuner_table_validates_once_uncommented() -> None:
+    lines = (ROOT / "systemd" / "guardian.toml").read_text().splitlines()
+    start = lines.index("# [tuner]")
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("#"))
+    text = "\n".join(lines[:start] + [line.removeprefix("# ") for line in lines[start:end]] + lines[end:])
+    tuner = cfg.loads(text).tuner
+    assert tuner is not None and tuner.hardware == {"L40S": 8} and tuner.params.slo.target_seconds == 0.2
+    assert tuner.params.slo.speculation_allowed(["low"]) and not tuner.params.slo.speculation_allowed(["high", "low"])
+    assert not tuner.restarts_open(1_798_761_600.0)  # 2027-01-01 00:00 UTC: outside 02:00-05:00
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "says"),
+    [
+        ('[tuner]\nwindows = [{ cron = "0 2 * *", duration_minutes = 60 }]\n', "tuner.windows[0].cron", "not a crontab expression"),
+        ('[tuner]\ntimezone = "Moon/Base"\n', "tuner.timezone", "unknown time zone"),
+        ('[tuner]\nengines = ["nope"]\n', "", "not configured: nope"),
+        (ENGINE.replace("\n", '\npreset = "fast"\n', 1), "", "is not a preset"),
+        ("[tune]\nrates = []\n", "tune.rates", "non-empty"),
+    ],
+)
+def test_tuner_settings_that_cannot_work_are_refused(text: str, key: str, says: str) -> None:
+    issue = _only(text)
+    assert issue.key == key and says in issue.message, issue
+
+
+def test_an_engine_preset_is_a_layer_under_its_own_restart_arguments() -> None:
+    text = ENGINE.replace("\n", '\npreset = "high_throughput"\n', 1) + '[engines.restart]\nlauncher = "child"\ncommand = ["vllm"]\nargs = { max-num-seqs = 24 }\n'
+    config = cfg.loads(text)
+    assert config.base_args(config.engines[0]) == {"max-num-seqs": 24, "block-size": 32, "enable-chunked-prefill": True}

@@ -91,4 +91,5 @@ async def test_dry_run_plans_the_tuner_moves_and_changes_nothing(tmp_path: Path,
     assert planned and planned[0]["kind"] == "tune"
     assert launcher.started_with == []
     assert daemon.gateway is not None and daemon.gateway.admission["sim0"].cap == 64  # the gateway's own, untouched
-    assert "action_planned" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "action_planned" in captured.out + captured.err

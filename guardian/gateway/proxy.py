@@ -58,6 +58,7 @@ class GatewaySettings:
     inject_priority: bool = False  # only when vLLM runs with --scheduling-policy priority
     high_priority_engines: tuple[str, ...] = ()  # a dedicated pool (its own GPU or MIG slice) for the high lane
     upstream_timeout_seconds: float = 600.0
+    priorities: tuple[tuple[str, int], ...] = (("high", 0), ("low", 10))  # lane -> vLLM priority ([tuner.classes])
 
 
 class GatewayMetrics:
@@ -181,7 +182,7 @@ class GatewayServer:
                                          f"{s.long_context_tokens}) are refused while {engine}'s KV cache is "
                                          "fragmented (breaker L1)", 60))  # fmt: skip
         if s.inject_priority and isinstance(body, dict):
-            body["priority"] = 0 if lane == "high" else 10
+            body["priority"] = dict(s.priorities)[lane]
             raw = json.dumps(body).encode()
         admission = self.admission[engine]
         waited = time.perf_counter()
