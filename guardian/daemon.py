@@ -411,6 +411,8 @@ class Daemon:
             memory=result.memory,
             urls={e.section.name: e.section.url for e in engines},
             policy=self._policy_view(),
+            costs=result.costs,
+            marginals={n: m for n in result.costs if (m := self.pipeline.marginal(n)) is not None},
         )
         self.last_poll_monotonic = time.monotonic()
         self.metrics.polls.inc()

@@ -96,7 +96,7 @@ class _SnapshotCollector:
         snap = self._snapshot()
         if snap is None:
             return []
-        return [*_gpu_metrics(snap), *_engine_metrics(snap), *_memory_metrics(snap), *_policy_metrics(snap)]
+        return [*_gpu_metrics(snap), *_engine_metrics(snap), *_memory_metrics(snap), *_policy_metrics(snap), *_cost_metrics(snap)]
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
@@ -275,6 +275,29 @@ def _policy_metrics(snap: Snapshot) -> list[Metric]:
         left.add_metric([name], float(snap.policy.budget_left.get(name, 0)))
         restarting.add_metric([name], 1.0 if name in snap.policy.restarting else 0.0)
     return [level, forced, left, restarting, dry, *_tuner_metrics(snap.policy)]
+
+
+def _cost_metrics(snap: Snapshot) -> list[Metric]:
+    e = ["engine"]
+    memory = _gauge("guardian_cost_gpu_memory_byte_seconds_per_token",
+                    "GPU memory the engine holds, integrated over the last 5 min, per token it generated in them.", e)  # fmt: skip
+    energy = _gauge("guardian_cost_tokens_per_joule", "Tokens generated per joule its GPUs used (NVML energy), last 5 min.", e)
+    ok = _gauge("guardian_cost_marginal_ok", "1 when the latest larger batch grew KV in use by < 70% of its throughput gain and P99 < 2x.", e)
+    growth = _gauge("guardian_cost_memory_growth_ratio", "KV cache in use after the latest larger batch, relative to before, minus 1.", e)
+    gain = _gauge("guardian_cost_throughput_gain_ratio", "Tokens/s after the latest larger batch, relative to before, minus 1.", e)
+    swing = _gauge("guardian_cost_p99_swing_ratio", "P99 after the latest larger batch over P99 before.", e)
+    for name, cost in snap.costs.items():
+        if cost.memory_gb_seconds_per_1k_tokens is not None:
+            memory.add_metric([name], cost.memory_gb_seconds_per_1k_tokens * 1e9 / 1000)
+        if cost.tokens_per_joule is not None:
+            energy.add_metric([name], cost.tokens_per_joule)
+    for name, m in snap.marginals.items():
+        ok.add_metric([name], 1.0 if m.ok else 0.0)
+        growth.add_metric([name], m.memory_growth_ratio)
+        gain.add_metric([name], m.throughput_gain_ratio)
+        if m.p99_swing_ratio is not None:
+            swing.add_metric([name], m.p99_swing_ratio)
+    return [memory, energy, ok, growth, gain, swing]
 
 
 def _tuner_metrics(policy: PolicyView) -> list[Metric]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from guardian import config as cfg
+from guardian.analysis.cost import Cost, CostWindow, Marginal, MarginalWatch
 from guardian.analysis.engine_stats import EngineSignals, EngineTracker
 from guardian.analysis.memory import MemoryReport, MemoryWatch
 from guardian.policy import response, tuner
@@ -22,6 +23,8 @@ from guardian.policy.response import Action, Command, EngineState
 from guardian.policy.slo import lanes_served
 from guardian.sample import Sample
 from guardian.snapshot import gpu_memory_by_pid
+
+COST_WINDOW_SECONDS = 300.0  # the cost figures' sliding window
 
 # An engine that dies while its GPUs had less than this share free the poll
 # before died of an OOM: restart it with less memory, not just again.
@@ -63,6 +66,7 @@ class PollResult:
     memory: MemoryReport
     evidence: dict[str, Evidence]
     decision: Decision
+    costs: dict[str, Cost] = field(default_factory=dict)
 
 
 class Pipeline:
@@ -73,6 +77,8 @@ class Pipeline:
         self.tuners: dict[str, tuner.TunerState] = {}  # restored ones are set by the daemon before the first poll
         self.tuner_limits: dict[str, tuner.Limits] = {}
         self.tuner_holds: dict[str, str | None] = {}  # why the tuner did not move, when it wanted to
+        self.costs: dict[str, CostWindow] = {}
+        self.marginals: dict[str, MarginalWatch] = {}
         self.config = config
         self._past = EvidenceMemory()
         self._memory = MemoryWatch(config.leak, config.fragmentation.kv_pool_share, host_memory_bytes)
@@ -115,8 +121,33 @@ class Pipeline:
             actions += out.actions
             if self.config.tuned(name):
                 actions += self._tune(name, sample, sig, e, memory)
+        costs = {name: self._cost(name, sample, sig, memory) for name, sig in signals.items()}
         decision = Decision(sample.t, sample.wall, tuple(transitions), tuple(actions), finished)
-        return PollResult(signals, memory, seen, decision)
+        return PollResult(signals, memory, seen, decision, costs)
+
+    def _cost(self, name: str, sample: Sample, sig: EngineSignals, memory: MemoryReport) -> Cost:
+        """GPU memory per token and tokens per joule over the last minutes; a larger batch judged once it settled."""
+        place = memory.placement.get(name)
+        gpus = [g for g in sample.nvml.gpus if place is not None and g.index in place.gpus]
+        held = sig.gpu_memory_bytes
+        if held is None and gpus and all(g.memory_used_bytes is not None for g in gpus):
+            held = sum(g.memory_used_bytes or 0 for g in gpus)
+        energies = [g.energy_joules for g in gpus]
+        reading = sample.engine(name)
+        tokens = [c.generation_tokens_total for c in reading.cores] if reading is not None and reading.up else []
+        window = self.costs.setdefault(name, CostWindow(COST_WINDOW_SECONDS))
+        cost = window.update(sample.t, held, sum(tokens) if tokens and None not in tokens else None,  # type: ignore[arg-type]
+                             sum(energies) if energies and None not in energies else None)  # type: ignore[arg-type]  # fmt: skip
+        ts = self.tuners.get(name)
+        if ts is not None:
+            q = sig.latency.get(self.config.tuner.slo.metric if self.config.tuner else "ttft")
+            self.marginals.setdefault(name, MarginalWatch()).update(
+                sample.t, ts.batch, sig.kv_cache_usage, sig.generation_tokens_per_second, q.p99 if q else None)
+        return cost
+
+    def marginal(self, name: str) -> Marginal | None:
+        watch = self.marginals.get(name)
+        return watch.last if watch else None
 
     def _tune(self, name: str, sample: Sample, sig: EngineSignals, e: Evidence, memory: MemoryReport) -> list[Action]:
         """The tuner's poll for one engine: a fast move is a ``tune`` action (the gateway's cap), a slow one a restart."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from guardian.analysis.cost import Cost, Marginal
 from guardian.analysis.engine_stats import EngineSignals
 from guardian.analysis.memory import MemoryReport
 from guardian.policy.response import EngineState
@@ -34,6 +35,8 @@ class Snapshot:
     memory: MemoryReport | None = None  # leak detectors and fragmentation
     urls: dict[str, str] = field(default_factory=dict)  # engine name -> base URL
     policy: PolicyView | None = None
+    costs: dict[str, Cost] = field(default_factory=dict)
+    marginals: dict[str, Marginal] = field(default_factory=dict)  # the latest judgement of a larger batch, per engine
 
     @property
     def nvml(self) -> NvmlReading:
