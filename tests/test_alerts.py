@@ -49,7 +49,7 @@ async def _exported(config_extra: dict[str, object]) -> set[str]:
 
 
 async def test_every_metric_the_rules_use_is_exported() -> None:
-    exported = await _exported({})
+    exported = await _exported({"gateway": cfg.GatewaySection(listen="127.0.0.1:0"), "tuner": cfg.TunerSection()})
     used = set(re.findall(r"\b(guardian_[a-z0-9_]+)", (ALERTS / "guardian-rules.yml").read_text()))
     assert used and used <= exported, used - exported
 
@@ -57,7 +57,7 @@ async def test_every_metric_the_rules_use_is_exported() -> None:
 async def test_every_metric_the_dashboard_plots_is_exported() -> None:
     import json
 
-    exported = await _exported({"gateway": cfg.GatewaySection(listen="127.0.0.1:0")})
+    exported = await _exported({"gateway": cfg.GatewaySection(listen="127.0.0.1:0"), "tuner": cfg.TunerSection()})
     dashboard = json.loads((ALERTS / "grafana-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"\b(guardian_[a-z0-9_]+)", e)}
