@@ -122,6 +122,16 @@ def _parser() -> argparse.ArgumentParser:
     _operator_args(test_alert, who=False)
     test_alert.add_argument("--dry-run", action="store_true", help="print the message, send nothing")
 
+    report = sub.add_parser(
+        "report", help="summarise the last hours of a record file (guardian run --record); --plot draws PNGs",
+        description="Play a record file through guardian's pipeline and summarise the last N hours per GPU and engine: "
+        "memory and leak steps, time at each breaker level, restarts, P99 against the SLO, throughput, GPU memory per "
+        "1000 tokens, tokens per joule, the marginal checks of larger batches, and the tuner's moves.",
+    )  # fmt: skip
+    report.add_argument("files", nargs="+", type=Path, metavar="FILE", help="record files, oldest first (FILE.2 FILE.1 FILE)")
+    report.add_argument("--hours", type=float, metavar="N", help="only the last N hours (default: the whole record)")
+    report.add_argument("--config", "-c", type=Path, metavar="PATH", help="decide with this config instead of the record's header")
+    report.add_argument("--plot", type=Path, metavar="DIR", help="write memory.png, breaker.png, p99.png and tuning.png here")
     tune = sub.add_parser(
         "tune", help="offline search for the best block size, batch and speculation before go-live",
         description="Restart the engine once per grid point (block size x max-num-seqs x speculation), send a fixed-seed "
@@ -175,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             "ack": _ack,
             "test-alert": _test_alert,
             "tune": _tune,
+            "report": _report,
             "sim": _sim,
         }[args.command](args)
     except KeyboardInterrupt:
@@ -235,6 +246,38 @@ def _demo(args: argparse.Namespace) -> int:
     except StartupError as exc:
         print(f"guardian demo: {str(exc).replace('(guardian.listen)', '(--port)')}", file=sys.stderr)
         return 1
+
+
+def _report(args: argparse.Namespace) -> int:
+    from guardian import replay, report
+    from guardian.plotting import PlotUnavailable
+
+    if args.hours is not None and args.hours <= 0:
+        print("guardian report: --hours must be above 0", file=sys.stderr)
+        return 2
+    missing = [str(f) for f in args.files if not f.is_file()]
+    if missing:
+        print(f"guardian report: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    override = _load_or_exit(args.config) if args.config else None
+    try:
+        header, records, problems = replay.read(args.files)
+        config = replay.config_from(header, override)
+        timeline = report.build(config, header, records, args.hours)
+    except (replay.ReplayError, report.ReportError) as exc:
+        print(f"guardian report: {exc}", file=sys.stderr)
+        return 2
+    for problem in problems[:20]:
+        print(f"skipped: {problem}", file=sys.stderr)
+    print(report.render(timeline, config, ", ".join(str(f) for f in args.files)))
+    if args.plot:
+        try:
+            for path in report.plot(timeline, config, args.plot):
+                print(f"plot: {path}")
+        except PlotUnavailable as exc:
+            print(f"guardian report: {exc}", file=sys.stderr)
+            return 2
+    return 0
 
 
 def _tune(args: argparse.Namespace) -> int:

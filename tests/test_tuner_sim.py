@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from guardian import cli, replay
 from guardian import config as cfg
-from guardian import replay
 from guardian.daemon import Daemon
 from guardian.demo import demo_config
 from guardian.record import SampleRecorder
@@ -62,7 +62,9 @@ async def _play(tmp_path: Path, seconds: float, dry_run: bool = False) -> tuple[
     return daemon, launcher, decisions, outcomes, metrics
 
 
-async def test_a_queue_behind_a_small_batch_raises_the_engine_limit_once_then_the_gateway_cap(tmp_path: Path) -> None:
+async def test_a_queue_behind_a_small_batch_raises_the_engine_limit_once_then_the_gateway_cap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     daemon, launcher, decisions, outcomes, metrics = await _play(tmp_path, 40)
     actions = [a for d in decisions for a in d["actions"]]
     tunes = [(a["details"]["was"], a["details"]["batch"], a["reason"]) for a in actions if a["kind"] == "tune"]
@@ -81,6 +83,13 @@ async def test_a_queue_behind_a_small_batch_raises_the_engine_limit_once_then_th
     header, records, problems = replay.read([tmp_path / "record.jsonl"])
     again = replay.replay(replay.config_from(header, None), header, records, problems)
     assert again.matches, again.first_difference()
+    # guardian report tells the same story from the record, and draws it
+    assert cli.main(["report", str(tmp_path / "record.jsonl"), "--plot", str(tmp_path / "plots")]) == 0
+    out = capsys.readouterr().out
+    assert "1 restarts (tune_max_num_seqs 1)" in out and "tuner: batch 4 -> " in out and "--max-num-seqs 4 -> 24" in out
+    assert "GB·s per 1000 tokens" in out and "tokens per joule" in out
+    for png in ("memory.png", "breaker.png", "p99.png", "tuning.png"):
+        assert (tmp_path / "plots" / png).stat().st_size > 10_000
     state = json.loads((tmp_path / "state" / "state.json").read_text())["data"]
     assert state["tuner"]["sim0"]["batch"] == steps[-1] and state["engines"]["sim0"]["tuned"]["max-num-seqs"] == 24
 
