@@ -101,7 +101,8 @@ class GuardianSection(_Model):
         for path in candidates:
             if path.exists() or path == self.api_token_file:
                 token = path.read_text().strip()
-                return token or None
+                if token:
+                    return token  # an empty credential is the unit's fallback for a missing file: try the next
         return None
 
 

@@ -294,3 +294,31 @@ def test_an_engine_preset_is_a_layer_under_its_own_restart_arguments() -> None:
     text = ENGINE.replace("\n", '\npreset = "high_throughput"\n', 1) + '[engines.restart]\nlauncher = "child"\ncommand = ["vllm"]\nargs = { max-num-seqs = 24 }\n'
     config = cfg.loads(text)
     assert config.base_args(config.engines[0]) == {"max-num-seqs": 24, "block-size": 32, "enable-chunked-prefill": True}
+
+
+def test_every_config_key_is_in_the_example_config() -> None:
+    """systemd/guardian.toml documents every key guardian reads (commented where it has no default to show)."""
+    import dataclasses
+    import re
+
+    text = (ROOT / "systemd" / "guardian.toml").read_text()
+    headers = {part for h in re.findall(r"^#?\s*\[+([^\]]+)\]+", text, re.M) for part in h.split(".")}
+
+    def fields(model: object) -> dict[str, object]:
+        if dataclasses.is_dataclass(model):
+            return {f.name: f.type for f in dataclasses.fields(model)}
+        return {n: f.annotation for n, f in model.model_fields.items()}  # type: ignore[attr-defined]
+
+    missing = []
+
+    def walk(model: object, prefix: str) -> None:
+        for name, annotation in fields(model).items():
+            key = f"{prefix}.{name}" if prefix else name
+            sub = None if isinstance(annotation, str) else cfg._model_in(annotation)
+            if sub is not None and getattr(annotation, "__origin__", None) is not dict:
+                walk(sub, key)
+            elif name not in headers and not re.search(rf"\b{re.escape(name)}\s*=", text):
+                missing.append(key)
+
+    walk(cfg.Config, "")
+    assert not missing, f"not in systemd/guardian.toml: {missing}"

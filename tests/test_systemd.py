@@ -65,3 +65,28 @@ def test_the_polkit_rule_allows_guardians_user_to_restart_only_the_vllm_unit() -
     user = re.search(r"^User=(.+)$", UNIT.read_text(), re.M)
     assert user and f'subject.user == "{user.group(1)}"' in rule
     assert 'action.lookup("unit") == "vllm.service"' in rule and 'action.lookup("verb") == "restart"' in rule
+
+
+def test_each_credential_has_a_blank_fallback_that_guardian_reads_as_none(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A missing credential file must not stop the unit (243/CREDENTIALS): SetCredential= is its fallback."""
+    from guardian import config as cfg
+    from guardian.notify.sms import read_token
+
+    text = UNIT.read_text()
+    loaded = re.findall(r"^LoadCredential=([a-z-]+):/etc/vllm-guardian/\1$", text, re.M)
+    assert sorted(loaded) == ["api-token", "twilio-auth-token"]
+    for name in loaded:
+        assert re.search(rf"^SetCredential={name}:\\n$", text, re.M), name
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "api-token").write_text("\n")  # what systemd writes from the fallback
+    (creds / "twilio-auth-token").write_text("\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    monkeypatch.delenv("TWILIO_AUTH_TOKEN", raising=False)
+    assert read_token() is None
+    assert cfg.GuardianSection().read_api_token() is None
+    token_file = tmp_path / "api-token"
+    token_file.write_text("s3cret\n")
+    assert cfg.GuardianSection(api_token_file=token_file).read_api_token() == "s3cret"  # the blank credential falls through
+    (creds / "api-token").write_text("from-credential\n")
+    assert cfg.GuardianSection(api_token_file=token_file).read_api_token() == "from-credential"
