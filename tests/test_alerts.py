@@ -9,7 +9,7 @@ from guardian.daemon import Daemon
 from guardian.sdnotify import Notifier
 from guardian.sim import scenarios
 from guardian.sim.cluster import SimCluster
-from tests.helpers import require_tool
+from tests.helpers import check_promql, require_tool
 
 ALERTS = Path(__file__).resolve().parent.parent / "alerts"
 
@@ -22,7 +22,7 @@ def test_rules_are_valid_and_their_unit_tests_pass() -> None:
     assert test.returncode == 0, test.stdout + test.stderr
 
 
-async def _exported(config_extra: dict[str, object]) -> set[str]:
+async def exported_metrics(config_extra: dict[str, object]) -> set[str]:
     """The series names a polled daemon exports: each family, plus the suffixes of its type (_total, _bucket, …)."""
     cluster = SimCluster(scenarios.get("steady"))
     await cluster.start()
@@ -49,7 +49,7 @@ async def _exported(config_extra: dict[str, object]) -> set[str]:
 
 
 async def test_every_metric_the_rules_use_is_exported() -> None:
-    exported = await _exported({"gateway": cfg.GatewaySection(listen="127.0.0.1:0"), "tuner": cfg.TunerSection()})
+    exported = await exported_metrics({"gateway": cfg.GatewaySection(listen="127.0.0.1:0"), "tuner": cfg.TunerSection()})
     used = set(re.findall(r"\b(guardian_[a-z0-9_]+)", (ALERTS / "guardian-rules.yml").read_text()))
     assert used and used <= exported, used - exported
 
@@ -57,7 +57,7 @@ async def test_every_metric_the_rules_use_is_exported() -> None:
 async def test_every_metric_the_dashboard_plots_is_exported() -> None:
     import json
 
-    exported = await _exported({"gateway": cfg.GatewaySection(listen="127.0.0.1:0"), "tuner": cfg.TunerSection()})
+    exported = await exported_metrics({"gateway": cfg.GatewaySection(listen="127.0.0.1:0"), "tuner": cfg.TunerSection()})
     dashboard = json.loads((ALERTS / "grafana-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"\b(guardian_[a-z0-9_]+)", e)}
@@ -68,11 +68,5 @@ async def test_every_metric_the_dashboard_plots_is_exported() -> None:
 def test_every_dashboard_expression_is_valid_promql(tmp_path: Path) -> None:
     import json
 
-    promtool = require_tool("promtool")
     dashboard = json.loads((ALERTS / "grafana-dashboard.json").read_text())
-    exprs = [t["expr"].replace("$instance", ".*") for p in dashboard["panels"] for t in p["targets"]]
-    rules = tmp_path / "dashboard-exprs.yml"  # promtool parses the PromQL of recording rules
-    rules.write_text("groups:\n  - name: dashboard\n    rules:\n" + "".join(
-        f"      - record: dashboard:expr_{i}\n        expr: {json.dumps(e)}\n" for i, e in enumerate(exprs)))
-    result = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    check_promql([t["expr"].replace("$instance", ".*") for p in dashboard["panels"] for t in p["targets"]], tmp_path)
