@@ -377,6 +377,18 @@ def status(snap: Snapshot | None, started_wall: float, interval: float) -> dict[
             }
             for name, st in snap.policy.states.items()
         }
+    if snap.costs:
+        out["cost"] = {
+            name: {
+                "gpu_memory_gb_seconds_per_1k_tokens": None if c.memory_gb_seconds_per_1k_tokens is None else round(c.memory_gb_seconds_per_1k_tokens, 2),
+                "tokens_per_joule": None if c.tokens_per_joule is None else round(c.tokens_per_joule, 3),
+                "last_larger_batch": None if (m := snap.marginals.get(name)) is None else {
+                    "batch": f"{m.batch_before} -> {m.batch_after}", "kv_in_use_growth_percent": round(m.memory_growth_ratio * 100, 1),
+                    "throughput_gain_percent": round(m.throughput_gain_ratio * 100, 1), "p99_swing": m.p99_swing_ratio, "paid": m.ok,
+                },
+            }
+            for name, c in snap.costs.items()
+        }  # fmt: skip
     if snap.policy is not None and snap.policy.tuners:
         out["tuner"] = {
             name: {
