@@ -157,6 +157,10 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--no-load", action="store_true", help="serve without generating load")
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--ports-file", type=Path, metavar="PATH", help="write the servers' URLs here, one per line, once listening")
+    sim.add_argument("engine_args", nargs=argparse.REMAINDER, metavar="-- VLLM_ARGS",
+                     help="after --: vLLM engine arguments the simulated engines start with (--max-num-seqs 16 --block-size 32 "
+                          "--gpu-memory-utilization 0.8 --kv-cache-dtype fp8 --speculative-config JSON): a stand-in for "
+                          "`vllm serve` under guardian's child launcher")  # fmt: skip
     return parser
 
 
@@ -555,10 +559,28 @@ def _test_alert(args: argparse.Namespace) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from guardian.actions.engine_args import from_argv, validate
     from guardian.sim.cluster import SimCluster
+    from guardian.sim.launcher import engine_params
+
+    scenario = scenarios.get(args.scenario)
+    argv = args.engine_args[1:] if args.engine_args[:1] == ["--"] else args.engine_args
+    if argv:
+        try:
+            engine_args = from_argv(argv)
+        except ValueError as exc:
+            print(f"guardian sim: {exc}", file=sys.stderr)
+            return 2
+        problems = validate(engine_args)
+        if problems:  # what vLLM itself would refuse to start with
+            print("guardian sim: " + "; ".join(problems), file=sys.stderr)
+            return 2
+        scenario = dataclasses.replace(scenario, engine=engine_params(scenario.engine, engine_args))
 
     async def serve() -> None:
-        cluster = SimCluster(scenarios.get(args.scenario), engines=args.engines, seed=args.seed)
+        cluster = SimCluster(scenario, engines=args.engines, seed=args.seed)
         ports = [args.port + i for i in range(args.engines)] if args.port else None
         await cluster.start(ports=ports)
         for i, url in enumerate(cluster.urls):

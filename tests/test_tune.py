@@ -110,3 +110,51 @@ def test_measurement_round_trips_through_the_results_file(tmp_path: Path) -> Non
     m = _m("a", 2, 0.05, 2.0)
     tune.append_result(tmp_path / "r.jsonl", m)
     assert tune.load_results(tmp_path / "r.jsonl") == [m] and asdict(m)["point"] == "a"
+
+
+@pytest.mark.slow
+def test_tune_restarts_a_configured_engine_per_point_and_gives_it_its_own_arguments_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real path: [engines.restart] with the child launcher, `guardian sim -- ARGS` standing in for `vllm serve`."""
+    import sys
+
+    import psutil
+
+    from tests.helpers import free_port
+
+    port = free_port()
+    config = tmp_path / "guardian.toml"
+    command = json.dumps([sys.executable, "-m", "guardian", "sim", "--port", str(port), "--no-load", "--"])
+    config.write_text(f"""
+[guardian]
+state_dir = "{tmp_path}"
+[[engines]]
+name = "e1"
+url = "http://127.0.0.1:{port}"
+dev_mode = true
+[engines.restart]
+launcher = "child"
+command = {command}
+args = {{ max-num-seqs = 8 }}
+[actions]
+drain_timeout_seconds = 5
+start_timeout_seconds = 60
+""")
+    argv = ["tune", "--engine", "e1", "--config", str(config), "--block-sizes", "16", "--max-num-seqs", "2", "16",
+            "--rates", "6", "--seconds", "3"]  # fmt: skip
+    try:
+        assert cli.main(argv) == 0
+        out = capsys.readouterr().out
+        assert "best: block 16, max-num-seqs 16, speculation off at 6 req/s" in out
+        assert "restarting the engine with its own arguments again" in out
+        pid = int((tmp_path / "e1.pid").read_text().split()[0])
+        cmdline = psutil.Process(pid).cmdline()
+        assert cmdline[cmdline.index("--max-num-seqs") + 1] == "8" and "--block-size" not in cmdline
+    finally:
+        pid_file = tmp_path / "e1.pid"
+        if pid_file.exists():
+            try:
+                psutil.Process(int(pid_file.read_text().split()[0])).kill()
+            except psutil.Error:
+                pass

@@ -123,6 +123,29 @@ def to_argv(args: Mapping[str, Value]) -> list[str]:
     return argv
 
 
+def from_argv(argv: list[str]) -> EngineArgs:
+    """``to_argv`` read back (what a stand-in for ``vllm serve`` is started with); raises ValueError on a stray value."""
+    args: EngineArgs = {}
+    i = 0
+    while i < len(argv):
+        flag = argv[i]
+        if not flag.startswith("--"):
+            raise ValueError(f"{flag!r} is not a --flag")
+        name = flag[2:]
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            raw = argv[i + 1]
+            try:
+                value: Value = json.loads(raw) if raw[:1] in "{[" or raw.replace(".", "", 1).isdigit() else raw
+            except json.JSONDecodeError:
+                value = raw
+            args[name] = value
+            i += 2
+        else:
+            args[name.removeprefix("no-")] = not name.startswith("no-")
+            i += 1
+    return args
+
+
 def to_env_file(args: Mapping[str, Value], variable: str = "VLLM_ARGS") -> str:
     """``VLLM_ARGS="…"`` as systemd's EnvironmentFile parser reads it (\\, ", $ and ` escaped)."""
     line = " ".join(to_argv(args))
