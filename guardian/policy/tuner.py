@@ -17,8 +17,8 @@ latency window):
 | --- | --- |
 | breaker above L1, or a restart under way | none (and the window starts over) |
 | inside the cooldown after any move | none |
-| the first full window after a smaller batch shows P99 not lower by ``improve_ratio`` | the batch back up; no smaller batch for ``blocked_seconds`` |
-| preemptions above ``preemption_rate_limit`` throughout | batch down one step; the old batch is a ceiling for ``blocked_seconds`` |
+| the first full window after a smaller batch shows P99 (or the preemptions it was for) not lower by ``improve_ratio`` | the batch back up; no smaller batch for ``blocked_seconds``, doubled per undo in a row |
+| preemptions above ``preemption_rate_limit`` throughout | batch down one step; the old batch is a ceiling for ``blocked_seconds`` (undone, like any smaller batch, when the preemptions did not drop) |
 | P99 above the band and requests queued in front of the engine | none: overloaded, a smaller batch would grow the queue (more replicas help) |
 | P99 above the band, nothing queued, speculation on | speculation off (slow) |
 | P99 above the band, nothing queued | batch down one step, floored at ``min_batch`` |
@@ -138,8 +138,10 @@ class TunerState:
     pinned_since: float | None = None
     well_inside_since: float | None = None
     restarts: tuple[float, ...] = ()  # slow moves inside the last day
-    trial: tuple[float, float, int] | None = None  # a lowered batch on trial: (when, P99 before, batch before)
-    blocked_down_until: float | None = None
+    # a smaller batch on trial: (what it should lower: "p99" or "preemptions", its best value before, the batch before)
+    trial: tuple[str, float, int] | None = None
+    blocked_down_until: float | None = None  # after an undone smaller batch for P99
+    blocked_preemption_until: float | None = None  # after an undone smaller batch for preemptions: another cause
     undone: int = 0  # smaller batches undone in a row: P99 here does not answer to the batch (long prompts' prefill)
     ceiling: tuple[int, float] | None = None  # (batch, until): it overflowed the KV cache; stay below it until then
 
@@ -224,21 +226,25 @@ def step(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits) ->
     # -- a smaller batch: the long window must agree ------------------------------------------
     if len(down) >= p.min_samples and since_move >= p.cooldown_seconds:
         best = min(x.latency for x in down if x.latency is not None)
-        if s.trial is not None:  # the first full window after lowering the batch: did it lower P99, clearly?
-            _, before, old_batch = s.trial
+        preempting = [x.preemptions_per_second or 0.0 for x in down]
+        if s.trial is not None:  # the first full window after a smaller batch: did it lower what it was for, clearly?
+            signal, before, old_batch = s.trial
             s = replace(s, trial=None)
-            worst_after = max(x.latency for x in down if x.latency is not None)
-            if worst_after > before * (1 - p.improve_ratio):  # every poll after below every poll before, by a margin
-                numbers["p99_before_seconds"] = round(before, 4)
-                blocked = p.blocked_seconds * 2 ** min(s.undone, 4)
-                return moved("batch", s.batch, old_batch, "lowering_did_not_help", False, batch=old_batch,
-                             blocked_down_until=t + blocked, undone=s.undone + 1)  # fmt: skip
+            after = max(preempting) if signal == "preemptions" else max(x.latency for x in down if x.latency is not None)
+            if after > before * (1 - p.improve_ratio):  # every poll after below every poll before, by a margin
+                numbers[f"{signal}_before"] = round(before, 4)
+                until = t + p.blocked_seconds * 2 ** min(s.undone, 4)
+                block = {"blocked_preemption_until": until} if signal == "preemptions" else {"blocked_down_until": until}
+                return moved("batch", s.batch, old_batch, "lowering_did_not_help", False, batch=old_batch, ceiling=None,
+                             undone=s.undone + 1, **block)  # fmt: skip
             s = replace(s, undone=0)
-        if s.batch > p.min_batch and all((x.preemptions_per_second or 0.0) > p.preemption_rate_limit for x in down):
+        blocked_down = s.blocked_down_until is not None and t < s.blocked_down_until
+        blocked_preemption = s.blocked_preemption_until is not None and t < s.blocked_preemption_until
+        if s.batch > p.min_batch and min(preempting) > p.preemption_rate_limit and limits.fast and not blocked_preemption:
             lower = max(p.min_batch, s.batch - step_size(s.batch, p.step_ratio))
             numbers["preemptions_per_second"] = r.preemptions_per_second
-            if limits.fast:
-                return moved("batch", s.batch, lower, "preemptions", False, batch=lower, ceiling=(s.batch, t + p.blocked_seconds))
+            return moved("batch", s.batch, lower, "preemptions", False, batch=lower, ceiling=(s.batch, t + p.blocked_seconds),
+                         trial=("preemptions", min(preempting), s.batch))  # fmt: skip
         if best > slo.above and held_back(down):
             return Step(s, hold="overloaded: P99 over the objective with requests queued (more replicas needed)")
         if best > slo.above:  # every poll of the window over the objective, nothing queued: the engine is slow
@@ -249,11 +255,11 @@ def step(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits) ->
                     return Step(s, hold=slow_hold("speculation off"))
             if s.batch <= p.min_batch:
                 return Step(s, hold="p99 over the objective at the smallest batch")
-            if s.blocked_down_until is not None and t < s.blocked_down_until:
+            if blocked_down:
                 return Step(s, hold="p99 over the objective, but a smaller batch did not lower it last time")
             lower = max(p.min_batch, s.batch - step_size(s.batch, p.step_ratio))
             if limits.fast:
-                return moved("batch", s.batch, lower, "p99_over_slo", False, batch=lower, trial=(t, best, s.batch))
+                return moved("batch", s.batch, lower, "p99_over_slo", False, batch=lower, trial=("p99", best, s.batch))
             if can_restart:
                 return moved("max_num_seqs", s.max_num_seqs, lower, "p99_over_slo", True, batch=lower, max_num_seqs=lower)
             return Step(s, hold=slow_hold("a smaller batch"))
