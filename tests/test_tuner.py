@@ -270,3 +270,11 @@ def test_each_undo_in_a_row_doubles_the_wait_before_the_next_smaller_batch() -> 
     tries = [t for t, m in moves if m.reason == "p99_over_slo"]
     assert len(tries) == len(undos) == 4  # at 25 s, then 15, 30 and 60 min after each undo (10000 s in all)
     assert [b - a for a, b in zip(undos, tries[1:])] == [P.blocked_seconds, 2 * P.blocked_seconds, 4 * P.blocked_seconds]
+
+
+def test_a_smaller_batch_for_preemptions_that_continue_is_undone_and_the_ceiling_lifted() -> None:
+    storm = [Reading(latency=0.15, utilization=1.0, gateway_queued=0, preemptions_per_second=0.5)] * 100
+    state, moves, holds = run(TunerState(batch=24, max_num_seqs=24, speculation=False), storm)
+    assert [(m.new, m.reason) for _, m in moves] == [(18, "preemptions"), (24, "lowering_did_not_help")]
+    assert state.ceiling is None and state.blocked_preemption_until is not None
+    assert state.blocked_down_until is None  # P99's own rule is not blocked by it
