@@ -14,7 +14,7 @@ import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -28,6 +28,7 @@ from guardian.policy.slo import ServiceClass, Slo
 from guardian.policy.tuner import TunerParams
 from guardian.policy.windows import Window, open_for_restarts
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -51,6 +52,17 @@ class Problem(ValueError):
 
     def __init__(self, message: str, fix: str) -> None:
         super().__init__(f"{message}\x00{fix}")
+
+
+def _time_zone(value: str) -> str:
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise Problem(f"unknown time zone {value!r}", 'use an IANA name, e.g. "Europe/Berlin" or "UTC"') from None
+    return value
+
+
+TimeZone = Annotated[str, AfterValidator(_time_zone)]
 
 
 class GuardianSection(_Model):
@@ -333,7 +345,7 @@ class TunerSection(_Model):
     speculative_config: dict[str, Value] | None = None  # what speculation on means, e.g. {method = "ngram", num_speculative_tokens = 3}
     windows: list[WindowSection] = []  # restarts for tuning only inside these; none: any time
     blackouts: list[WindowSection] = []  # never inside these (the month-end batch)
-    timezone: str = "UTC"  # of the windows
+    timezone: TimeZone = "UTC"  # of the windows
     window_seconds: float = Field(60.0, gt=0, le=3600)
     min_samples: int = Field(6, ge=1, le=10_000)
     cooldown_seconds: float = Field(120.0, ge=0, le=86400)
@@ -354,15 +366,6 @@ class TunerSection(_Model):
     blocked_seconds: float = Field(900.0, ge=0, le=86400)
     preemption_rate_limit: float = Field(0.05, ge=0)
 
-    @field_validator("timezone")
-    @classmethod
-    def _zone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise Problem(f"unknown time zone {value!r}", 'use an IANA name such as "UTC" or "Europe/Berlin"') from None
-        return value
-
     @field_validator("hardware")
     @classmethod
     def _caps(cls, caps: dict[str, int]) -> dict[str, int]:
@@ -374,7 +377,7 @@ class TunerSection(_Model):
     @property
     def params(self) -> TunerParams:
         fields = {f.name for f in dataclasses.fields(TunerParams)} - {"slo"}
-        classes = {k: ServiceClass(c.priority, c.speculation, c.preemptible) for k, c in self.classes.items()}
+        classes = {str(k): ServiceClass(c.priority, c.speculation, c.preemptible) for k, c in self.classes.items()}
         slo = Slo(self.slo.metric, self.slo.target_seconds, self.slo.band_ratio, classes)
         return TunerParams(slo=slo, **{k: getattr(self, k) for k in fields})
 
@@ -456,23 +459,12 @@ class NotifySection(_Model):
     repeat_page_seconds: float = Field(1800.0, gt=0)
     escalate_after_seconds: float = Field(900.0, gt=0)
     storm_limit_per_hour: int = Field(10, ge=1, le=1000)
-    timezone: str = "UTC"  # of the quiet hours
+    timezone: TimeZone = "UTC"  # of the quiet hours
     quiet_hours: dict[Literal["info", "warning"], tuple[int, int]] = {}  # severity -> [from hour, to hour]; pages never
     page_valid_seconds: float = Field(3600.0, gt=0)
     warning_valid_seconds: float = Field(4 * 3600.0, gt=0)
     sms: SmsSection | None = None
     webhook: WebhookSection | None = None
-
-    @field_validator("timezone")
-    @classmethod
-    def _zone(cls, value: str) -> str:
-        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise Problem(f"unknown time zone {value!r}", 'use an IANA name, e.g. "Europe/Berlin" or "UTC"') from None
-        return value
 
     @field_validator("quiet_hours")
     @classmethod

@@ -791,7 +791,7 @@ def gateway_settings(config: cfg.Config) -> GatewaySettings:
         chars_per_token=g.chars_per_token, long_context_tokens=g.long_context_tokens, concurrency=g.concurrency,
         queue_size=g.queue_size, queue_deadline_seconds=g.queue_deadline_seconds, priority_header=g.priority_header.lower(),
         high_priority_keys=keys, inject_priority=g.inject_priority, high_priority_engines=tuple(g.high_priority_engines),
-        **({"priorities": tuple((lane, c.priority) for lane, c in config.tuner.classes.items())} if config.tuner else {}),
+        priorities=tuple((str(lane), c.priority) for lane, c in config.tuner.classes.items()) if config.tuner else GatewaySettings.priorities,
     )  # fmt: skip
 
 

@@ -134,9 +134,9 @@ def render(tl: Timeline, config: cfg.Config, source: str) -> str:
     slo = config.tuner.slo.target_seconds if config.tuner else 0.2
     metric = config.tuner.slo.metric if config.tuner else "ttft"
     lines = [f"guardian report: {_when(tl.walls[0])} -> {_when(tl.walls[-1])} ({hours:.2f} h, {len(tl.walls)} polls) from {source}"]
-    for index, rows in sorted(tl.gpus.items()):
-        used = [u for u, _ in rows if u is not None]
-        total = next((t for _, t in rows if t), None)
+    for index, readings in sorted(tl.gpus.items()):
+        used = [u for u, _ in readings if u is not None]
+        total = next((t for _, t in readings if t), None)
         series = f"gpu/{index}/used"
         held = tl.steps.get(series, [])
         text = f"GPU {index} ({tl.gpu_names.get(index) or 'unknown'}): memory "
@@ -200,9 +200,9 @@ def plot(tl: Timeline, config: cfg.Config, out: Path) -> list[Path]:
         written.append(path)
 
     fig, ax = plt.subplots(figsize=(11, 4))
-    for index, rows in sorted(tl.gpus.items()):
-        ax.plot(minutes, [(u or float("nan")) / GiB for u, _ in rows], lw=1, label=f"GPU {index} used")
-        total = next((t for _, t in rows if t), None)
+    for index, readings in sorted(tl.gpus.items()):
+        ax.plot(minutes, [(u or float("nan")) / GiB for u, _ in readings], lw=1, label=f"GPU {index} used")
+        total = next((t for _, t in readings if t), None)
         if total:
             ax.axhline(total / GiB, color="black", lw=0.8, ls=":")
         for wall, _size in tl.steps.get(f"gpu/{index}/used", []):

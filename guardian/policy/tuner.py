@@ -276,8 +276,8 @@ def step(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits) ->
     cap = limits.hardware_cap
     if s.ceiling is not None and t < s.ceiling[1]:
         cap = min(cap, s.ceiling[0] - 1)
-    preempting = any((x.preemptions_per_second or 0.0) > p.preemption_rate_limit for x in up)
-    if (queue or idle) and not preempting and s.batch < cap:
+    overflowing = any((x.preemptions_per_second or 0.0) > p.preemption_rate_limit for x in up)
+    if (queue or idle) and not overflowing and s.batch < cap:
         why = "queue_held_by_batch" if queue else "gpu_idle_with_queue"
         higher = min(cap, s.batch + step_size(s.batch, p.up_step_ratio))
         engine_limit = s.max_num_seqs if s.max_num_seqs is not None else limits.hardware_cap
