@@ -1,6 +1,6 @@
 """CPU cost of one guardian poll, and of parsing one vLLM /metrics page.
 
-    python bench/poll_cost.py [--polls 200] [--engines 8] [--gpus 8]
+    python bench/poll_cost.py [--polls 200] [--engines 8] [--gpus 8] [--tuner]
 
 Set-up: a separate process serves the real vLLM 0.33 page from
 tests/fixtures on one port per engine (so the servers' CPU is not counted);
@@ -59,7 +59,7 @@ def serve(count: int, ports_file: Path) -> None:
     asyncio.run(main())
 
 
-async def measure_polls(ports: list[int], gpus: int, polls: int, pid_file: Path) -> tuple[list[float], list[float], float]:
+async def measure_polls(ports: list[int], gpus: int, polls: int, pid_file: Path, tuner: bool = False) -> tuple[list[float], list[float], float]:
     from guardian import config as cfg
     from guardian import logs
     from guardian.daemon import Daemon
@@ -75,6 +75,7 @@ async def measure_polls(ports: list[int], gpus: int, polls: int, pid_file: Path)
             cfg.EngineSection(name=f"e{i}", url=f"http://127.0.0.1:{p}", process=cfg.ProcessSection(pid_file=pid_file))
             for i, p in enumerate(ports)
         ],
+        tuner=cfg.TunerSection() if tuner else None,  # the tuner's stage (and the cost model's, always on)
     )
     daemon = Daemon(config, nvml_module=nvml, notifier=Notifier(address=""))
     await daemon.start()
@@ -129,6 +130,7 @@ def main() -> int:
     parser.add_argument("--engines", type=int, default=8)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--parse-repeat", type=int, default=50)
+    parser.add_argument("--tuner", action="store_true", help="with [tuner] on every engine")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -149,7 +151,7 @@ def main() -> int:
             pid_file.write_text(str(server.pid))
             print(f"poll: {args.gpus} GPUs (fake NVML), {args.engines} engines (real vLLM 0.33 page, "
                   f"{PAGE.stat().st_size} bytes, {sum(1 for _ in PAGE.open())} lines), pid-file processes, {args.polls} polls")  # fmt: skip
-            cpu, wall, render = asyncio.run(measure_polls(ports, args.gpus, args.polls, pid_file))
+            cpu, wall, render = asyncio.run(measure_polls(ports, args.gpus, args.polls, pid_file, args.tuner))
         finally:
             server.kill()
             server.wait()

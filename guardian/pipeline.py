@@ -97,6 +97,7 @@ class Pipeline:
             self.states.setdefault(section.name, EngineState())
         self.trackers = trackers
         self.states = {name: self.states[name] for name in trackers}
+        self._tuner_params = config.tuner.params if config.tuner else None  # built once per config, read every poll
         if (config.leak, config.fragmentation) != (self.config.leak, self.config.fragmentation):
             self._memory = MemoryWatch(config.leak, config.fragmentation.kv_pool_share, self.host_memory)
         self.config = config
@@ -158,7 +159,8 @@ class Pipeline:
         gpus = [g for g in sample.nvml.gpus if place is not None and g.index in place.gpus] or list(sample.nvml.gpus[:1])
         gpu_name = gpus[0].name if gpus else None
         utils = [g.utilization_gpu_ratio for g in gpus if g.utilization_gpu_ratio is not None]
-        params = tc.params
+        params = self._tuner_params
+        assert params is not None
         gw = self.config.gateway
         section = next(s for s in self.config.engines if s.name == name)
         base = self.config.base_args(section)
