@@ -148,7 +148,8 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--rates", type=float, nargs="+", metavar="RPS", help="offered loads, climbed per point (default: [tune] rates)")
     tune.add_argument("--seconds", type=float, metavar="S", help="load per rate (default: [tune] seconds_per_rate)")
     tune.add_argument("--slo-ms", type=float, metavar="MS", help="P99 TTFT objective (default: [tuner.slo] target, else 200)")
-    tune.add_argument("--results", type=Path, metavar="PATH", help="results file, resumable (default: STATE_DIR/tune-ENGINE.jsonl)")
+    tune.add_argument("--results", type=Path, metavar="PATH",
+                      help="results file, resumable (default: STATE_DIR/tune-ENGINE.jsonl; ./tune-sim.jsonl without --config)")  # fmt: skip
     tune.add_argument("--plot", type=Path, metavar="PNG", help="also draw P99 and throughput against load")
     sim = sub.add_parser("sim", help="serve simulated vLLM servers (to try guardian run/probe without a GPU)", description="Serve simulated vLLM 0.33 servers on loopback with optional load until Ctrl-C.")
     sim.add_argument("--port", type=int, default=8000, help="port of the first server; 0 = free ports (default: 8000)")
@@ -314,7 +315,8 @@ def _tune(args: argparse.Namespace) -> int:
         return 2
     reqs = tune.requests(t.requests, t.seed, t.prompt_tokens_median, t.prompt_tokens_sigma, t.prompt_tokens_max,
                          t.output_tokens_median, t.output_tokens_sigma, t.output_tokens_max)  # fmt: skip
-    results = args.results or config.guardian.state_dir / f"tune-{args.engine}.jsonl"
+    # without a config (the simulator) the state directory may not be ours: the results go next to the caller
+    results = args.results or (config.guardian.state_dir if args.config else Path.cwd()) / f"tune-{args.engine}.jsonl"
     try:
         found = asyncio.run(_tune_engine(config, section, points, reqs, args.rates or t.rates, args.seconds or t.seconds_per_rate,
                                          slo, t.seed, speculative, results))  # fmt: skip
