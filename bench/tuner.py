@@ -53,6 +53,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from guardian.actions.engine_args import overlay  # noqa: E402
 from guardian.analysis.engine_stats import EngineTracker  # noqa: E402
 from guardian.policy import tuner  # noqa: E402
 from guardian.policy.profiles import BUILTIN_PRESETS, hardware_profile  # noqa: E402
@@ -145,6 +146,7 @@ class Bench:
         # the tuner's deployment: vLLM started at the hardware cap, the gateway's cap is the batch
         seqs = self.limits.hardware_cap if self.tuned else preset["max_num_seqs"]
         self.args = {"max-num-seqs": seqs, "block-size": preset["block_size"]}
+        self._engines = 0  # engines started: each restart gets a seed of its own
         self.engine = self._start(self.args)
         self.state = tuner.initial(seqs, False, self.limits)
         if config == "tuner-from-8":
@@ -157,10 +159,9 @@ class Bench:
         self.pending_args: dict[str, object] | None = None
         self.tracker = EngineTracker("bench", 60.0, 3)
         self._busy_before = 0.0
-        self._engines = 0
 
     def _start(self, args: dict[str, object]) -> EngineModel:
-        self._engines = getattr(self, "_engines", 0) + 1
+        self._engines += 1
         base = EngineParams(max_num_batched_tokens=8192)
         return EngineModel(engine_params(base, args), seed=self.seed * 100 + self._engines)  # type: ignore[arg-type]
 
@@ -243,9 +244,7 @@ class Bench:
         self.cap = self.state.batch
         if m.restart:
             self.result.restarts += 1
-            self.pending_args = {**self.args, **{k: v for k, v in self.state.engine_args(self.limits).items() if v is not None}}
-            if not self.state.speculation:
-                self.pending_args.pop("speculative-config", None)
+            self.pending_args = overlay(self.args, self.state.engine_args(self.limits))
             self.draining = True
             self._advance(t)
         else:

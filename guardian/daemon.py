@@ -49,7 +49,7 @@ from guardian.notify.service import Deliverer, Notifications, Settings, SmsDeliv
 from guardian.notify.sms import TwilioSender, read_token
 from guardian.notify import alertmanager
 from guardian.notify.alerts import Contact
-from guardian.pipeline import Decision, Pipeline
+from guardian.pipeline import Decision, Pipeline, tuner_move
 from guardian.policy import response, tuner
 from guardian.policy.response import Action, Command
 from guardian.record import SampleRecorder
@@ -442,10 +442,9 @@ class Daemon:
         for action in decision.actions:
             if action.kind == "restart" and not self.dry_run:
                 self.metrics.restarts.labels(action.engine, action.reason).inc()
-            move = action.details.get("move")  # the tuner's; a slow move comes as its restart and the cap that follows it
-            if move is not None and (action.kind == "restart" or move == "batch"):
+            if (found := tuner_move(action)) is not None:
+                move, numbers = found
                 self.metrics.tuner_moves.labels(action.engine, move, action.reason).inc()
-                numbers = action.details.get("tuner", action.details)  # a restart carries the move's numbers apart
                 log.info("tuner_move", engine=action.engine, kind=move, reason=action.reason,
                          restart=action.kind == "restart", dry_run=self.dry_run,
                          **{k: v for k, v in numbers.items() if k != "move"})  # fmt: skip

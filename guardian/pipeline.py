@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from guardian import config as cfg
+from guardian.actions.engine_args import overlay
 from guardian.analysis.cost import Cost, CostWindow, Marginal, MarginalWatch
 from guardian.analysis.engine_stats import EngineSignals, EngineTracker
 from guardian.analysis.memory import MemoryReport, MemoryWatch
@@ -21,7 +22,7 @@ from guardian.policy.evidence import EvidenceMemory, evidence
 from guardian.policy.profiles import hardware_profile
 from guardian.policy.response import Action, Command, EngineState
 from guardian.policy.slo import lanes_served
-from guardian.sample import Sample
+from guardian.sample import GpuReading, Sample
 from guardian.snapshot import gpu_memory_by_pid
 
 COST_WINDOW_SECONDS = 300.0  # the cost figures' sliding window
@@ -58,6 +59,20 @@ class Decision:
             ],
             "actions": [a.to_json() for a in self.actions],
         }
+
+
+def tuner_move(a: Action) -> tuple[str, Mapping[str, Any]] | None:
+    """The tuner's move an action records, with its numbers; once per move (a slow move's restart, not the cap after it)."""
+    move = a.details.get("move")
+    if move is None or (a.kind != "restart" and move != "batch"):
+        return None
+    return move, a.details.get("tuner", a.details)  # a restart carries the move's numbers apart from its own
+
+
+def engine_gpus(sample: Sample, memory: MemoryReport, name: str) -> list[GpuReading]:
+    """The GPUs the engine's processes hold memory on (none when guardian cannot place it)."""
+    place = memory.placement.get(name)
+    return [g for g in sample.nvml.gpus if place is not None and g.index in place.gpus]
 
 
 @dataclass(frozen=True)
@@ -128,8 +143,7 @@ class Pipeline:
 
     def _cost(self, name: str, sample: Sample, sig: EngineSignals, memory: MemoryReport) -> Cost:
         """GPU memory per token and tokens per joule over the last minutes; a larger batch judged once it settled."""
-        place = memory.placement.get(name)
-        gpus = [g for g in sample.nvml.gpus if place is not None and g.index in place.gpus]
+        gpus = engine_gpus(sample, memory, name)
         held = sig.gpu_memory_bytes
         if held is None and gpus and all(g.memory_used_bytes is not None for g in gpus):
             held = sum(g.memory_used_bytes or 0 for g in gpus)
@@ -155,8 +169,7 @@ class Pipeline:
         tc = self.config.tuner
         assert tc is not None
         state = self.states[name]
-        place = memory.placement.get(name)
-        gpus = [g for g in sample.nvml.gpus if place is not None and g.index in place.gpus] or list(sample.nvml.gpus[:1])
+        gpus = engine_gpus(sample, memory, name) or list(sample.nvml.gpus[:1])
         gpu_name = gpus[0].name if gpus else None
         utils = [g.utilization_gpu_ratio for g in gpus if g.utilization_gpu_ratio is not None]
         params = self._tuner_params
@@ -174,10 +187,9 @@ class Pipeline:
         actions: list[Action] = []
         ts = self.tuners.get(name)
         if ts is None:  # first poll (or restored): the gateway's cap becomes the tuner's batch
-            seqs = state.tuned.get("max-num-seqs", base.get("max-num-seqs"))
-            spec = ("speculative-config" in state.tuned and state.tuned["speculative-config"] is not None) or (
-                "speculative-config" not in state.tuned and "speculative-config" in base)  # fmt: skip
-            ts = tuner.initial(seqs if isinstance(seqs, int) else None, spec, limits)
+            running = overlay(base, state.tuned)  # what the engine was started with, as far as guardian knows
+            seqs = running.get("max-num-seqs")
+            ts = tuner.initial(seqs if isinstance(seqs, int) else None, "speculative-config" in running, limits)
         if name not in self.tuner_holds and limits.fast:
             actions.append(Action("tune", name, int(state.breaker.level), "start", {"batch": ts.batch, "was": None}))
         load = sample.gateway_load(name)

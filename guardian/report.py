@@ -24,7 +24,7 @@ from typing import Any
 
 from guardian import config as cfg
 from guardian.analysis.cost import Marginal
-from guardian.pipeline import Pipeline
+from guardian.pipeline import Pipeline, tuner_move
 from guardian.plotting import pyplot
 from guardian.record import from_record
 
@@ -107,9 +107,9 @@ def build(config: cfg.Config, header: dict[str, Any] | None, records: list[dict[
         for a in d.actions:
             if a.kind == "restart":
                 tl.restarts.setdefault(a.engine, []).append((d.wall, a.reason))
-            if "move" in a.details and (a.kind == "restart" or a.details["move"] == "batch"):
-                numbers = a.details.get("tuner", a.details)
-                tl.tuner_moves.setdefault(a.engine, []).append((d.wall, a.details["move"], numbers.get("was"), numbers.get("new"), a.reason))
+            if (found := tuner_move(a)) is not None:
+                move, numbers = found
+                tl.tuner_moves.setdefault(a.engine, []).append((d.wall, move, numbers.get("was"), numbers.get("new"), a.reason))
     if not tl.walls:
         raise ReportError(f"no samples in the last {hours:g} hours of the input")
     return tl

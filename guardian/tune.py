@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, TextIO
 
 import aiohttp
 
-from guardian.actions.engine_args import EngineArgs, block_size_ok, valid_block_sizes
+from guardian.actions.engine_args import EngineArgs, block_size_ok, overlay, valid_block_sizes
 from guardian.plotting import pyplot
 
 
@@ -267,7 +267,7 @@ async def run(search: Search, restart: Restart, out: TextIO | None = None) -> li
     """Every point not yet in the results file, measured; returns all results (old and new) in grid order."""
     out = out or sys.stdout
     done = load_results(search.results_path)
-    have = {(m.point, m.rate) for m in done} | {(m.point, None) for m in done if m.error}
+    have = {(m.point, m.rate) for m in done}
     stopped = {m.point for m in done if m.error or not m.meets(search.slo_seconds)}
     todo = [p for p in search.points if p.key not in stopped and any((p.key, r) not in have for r in search.rates)]
     print(f"guardian tune: {len(search.points)} points × {len(search.rates)} rates, {search.seconds:g} s each; "
@@ -276,7 +276,7 @@ async def run(search: Search, restart: Restart, out: TextIO | None = None) -> li
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
         for n, point in enumerate(todo, 1):
             print(f"[{n}/{len(todo)}] {point}: restarting the engine", file=out, flush=True)
-            args = {k: v for k, v in {**search.base_args, **point.args(search.speculative_config)}.items() if v is not None}
+            args = overlay(search.base_args, point.args(search.speculative_config))
             outcome = await restart(args)
             if not outcome.ok:
                 m = Measurement(point.key, 0, 0, 0, 0, 0, None, None, 0, 0, error=f"{outcome.status}: {outcome.detail}")

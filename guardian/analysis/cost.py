@@ -23,7 +23,7 @@ Pure: readings and times in, figures out.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 GB = 1e9
 MEMORY_GROWTH_LIMIT = 0.7  # of the throughput gain
@@ -84,14 +84,14 @@ class _Stretch:
     n: int = 0
     kv: float = 0.0
     tokens_per_second: float = 0.0
-    p99s: list[float] | None = None
+    p99s: list[float] = field(default_factory=list)
 
     def add(self, kv: float, tps: float, p99: float | None) -> None:
         self.n += 1
         self.kv += kv
         self.tokens_per_second += tps
         if p99 is not None:
-            self.p99s = (self.p99s or []) + [p99]
+            self.p99s.append(p99)
 
     def mean(self) -> tuple[float, float, float | None]:
         p99 = sorted(self.p99s)[len(self.p99s) // 2] if self.p99s else None  # the median P99 of the stretch
