@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import socket
 import subprocess
+import time
+from collections import Counter
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any, AsyncIterator, Callable
 
 import pytest
 
@@ -36,3 +41,38 @@ def check_promql(exprs: list[str], tmp_path: Path) -> None:
         f"      - record: check:expr_{i}\n        expr: {json.dumps(e)}\n" for i, e in enumerate(exprs)))  # fmt: skip
     result = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@asynccontextmanager
+async def load_through_gateway(daemon: Any, cluster: Any) -> AsyncIterator[None]:
+    """The cluster's load sent through the daemon's gateway while the block runs; then load, daemon and cluster stop."""
+    assert daemon.gateway is not None and daemon.gateway.address is not None
+    load = asyncio.create_task(cluster.run_load(None, via=f"http://127.0.0.1:{daemon.gateway.address[1]}"))
+    try:
+        yield
+    finally:
+        load.cancel()
+        await asyncio.gather(load, return_exceptions=True)
+        await daemon.close()
+        await cluster.stop()
+
+
+async def wait_until(done: Callable[[], bool], seconds: float, every: float = 0.25) -> bool:
+    """Whether ``done()`` came true (checked every ``every`` seconds) within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        await asyncio.sleep(every)
+        if done():
+            return True
+    return False
+
+
+def client_outcomes(cluster: Any) -> Counter[str]:
+    outcomes: Counter[str] = Counter()
+    for generator in cluster.loadgens:
+        outcomes.update(generator.outcomes)
+    return outcomes
+
+
+def recorded_decisions(path: Path) -> list[dict[str, Any]]:
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "decision"]

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from guardian.sdnotify import Notifier
 from guardian.sim import scenarios
 from guardian.sim.cluster import SimCluster
 from guardian.sim.launcher import SimLauncher
+from tests.helpers import client_outcomes, load_through_gateway, recorded_decisions, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -56,27 +55,17 @@ async def _play(tmp_path: Path, dry_run: bool, until_level_back: bool) -> tuple[
     daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""), record=recorder,
                     launchers={"sim0": launcher})  # fmt: skip
     await daemon.start()
-    assert daemon.gateway is not None and daemon.gateway.address is not None
-    load = asyncio.create_task(cluster.run_load(None, via=f"http://127.0.0.1:{daemon.gateway.address[1]}"))
     reached_l3 = False
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.25)
-            level = daemon.pipeline.level("sim0")
-            reached_l3 = reached_l3 or level == 3
-            if reached_l3 and (not until_level_back or (level == 0 and not daemon.executor.restarting)):  # type: ignore[union-attr]
-                break
-    finally:
-        load.cancel()
-        await asyncio.gather(load, return_exceptions=True)
-        await daemon.close()
-        await cluster.stop()
-    outcomes: Counter[str] = Counter()
-    for generator in cluster.loadgens:
-        outcomes.update(generator.outcomes)
-    decisions = [r for r in map(json.loads, (tmp_path / "record.jsonl").read_text().splitlines()) if r["kind"] == "decision"]
-    return daemon, cluster, launcher, decisions, outcomes
+
+    def done() -> bool:
+        nonlocal reached_l3
+        level = daemon.pipeline.level("sim0")
+        reached_l3 = reached_l3 or level == 3
+        return reached_l3 and (not until_level_back or (level == 0 and not daemon.executor.restarting))  # type: ignore[union-attr]
+
+    async with load_through_gateway(daemon, cluster):
+        await wait_until(done, 60)
+    return daemon, cluster, launcher, recorded_decisions(tmp_path / "record.jsonl"), client_outcomes(cluster)
 
 
 def _moves(decisions: list[dict]) -> list[tuple[int, int, str]]:  # type: ignore[type-arg]
@@ -149,9 +138,7 @@ async def test_a_crash_loop_on_the_simulator_stops_at_the_restart_budget_and_hol
     await daemon.start()
     try:
         server.dead = True  # the engine core died: /health answers 500
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not daemon.pipeline.states["sim0"].breaker.forced:
-            await asyncio.sleep(0.25)
+        await wait_until(lambda: daemon.pipeline.states["sim0"].breaker.forced, 30)
         await asyncio.sleep(3)  # and it stays put: no third restart
         state = daemon.pipeline.states["sim0"]
         page = daemon.metrics.render().decode()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from guardian.sdnotify import Notifier
 from guardian.sim import scenarios
 from guardian.sim.cluster import SimCluster
 from guardian.sim.launcher import SimLauncher
+from tests.helpers import client_outcomes, load_through_gateway, recorded_decisions, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -38,28 +38,18 @@ async def _play(tmp_path: Path, seconds: float, dry_run: bool = False) -> tuple[
     daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""),
                     record=SampleRecorder(tmp_path / "record.jsonl"), launchers={"sim0": launcher})  # fmt: skip
     await daemon.start()
-    assert daemon.gateway is not None and daemon.gateway.address is not None
-    load = asyncio.create_task(cluster.run_load(None, via=f"http://127.0.0.1:{daemon.gateway.address[1]}"))
-    metrics = ""
-    try:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.25)
-            tuned = daemon.pipeline.tuners.get("sim0")
-            if not dry_run and tuned is not None and tuned.batch >= 21 and daemon.gateway.admission["sim0"].cap == tuned.batch:
-                await asyncio.sleep(1.0)  # a poll or four more: the metrics and the record catch up
-                break
+
+    def raised() -> bool:
+        tuned = daemon.pipeline.tuners.get("sim0")
+        return tuned is not None and tuned.batch >= 21 and daemon.gateway.admission["sim0"].cap == tuned.batch  # type: ignore[union-attr]
+
+    async with load_through_gateway(daemon, cluster):
+        if dry_run:
+            await asyncio.sleep(seconds)
+        elif await wait_until(raised, seconds):
+            await asyncio.sleep(1.0)  # a poll or four more: the metrics and the record catch up
         metrics = daemon.metrics.render().decode()
-    finally:
-        load.cancel()
-        await asyncio.gather(load, return_exceptions=True)
-        await daemon.close()
-        await cluster.stop()
-    outcomes: Counter[str] = Counter()
-    for generator in cluster.loadgens:
-        outcomes.update(generator.outcomes)
-    decisions = [r for r in map(json.loads, (tmp_path / "record.jsonl").read_text().splitlines()) if r["kind"] == "decision"]
-    return daemon, launcher, decisions, outcomes, metrics
+    return daemon, launcher, recorded_decisions(tmp_path / "record.jsonl"), client_outcomes(cluster), metrics
 
 
 async def test_a_queue_behind_a_small_batch_raises_the_engine_limit_once_then_the_gateway_cap(
