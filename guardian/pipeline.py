@@ -113,6 +113,7 @@ class Pipeline:
         self.trackers = trackers
         self.states = {name: self.states[name] for name in trackers}
         self._tuner_params = config.tuner.params if config.tuner else None  # built once per config, read every poll
+        self._base_args = {e.name: config.base_args(e) for e in config.engines}  # presets validated once, not per poll
         if (config.leak, config.fragmentation) != (self.config.leak, self.config.fragmentation):
             self._memory = MemoryWatch(config.leak, config.fragmentation.kv_pool_share, self.host_memory)
         self.config = config
@@ -175,8 +176,7 @@ class Pipeline:
         params = self._tuner_params
         assert params is not None
         gw = self.config.gateway
-        section = next(s for s in self.config.engines if s.name == name)
-        base = self.config.base_args(section)
+        base = self._base_args[name]
         limits = tuner.Limits(
             hardware_cap=hardware_profile(gpu_name, tc.hardware).batch_cap,
             fast=gw is not None,
