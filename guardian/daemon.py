@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
+from urllib.parse import urlsplit
 from typing import Any, Mapping
 
 import aiohttp
@@ -37,7 +38,7 @@ from guardian import config as cfg
 from guardian import logs
 from guardian.actions.executor import EngineActuators, Executor
 from guardian.actions.gateway import Gateway, NoGateway
-from guardian.actions.launcher import ChildLauncher, Launcher, SystemdLauncher
+from guardian.actions.launcher import ChildLauncher, Launcher, ProcessStatus, SystemdLauncher
 from guardian.actions.outcome import Outcome
 from guardian.actions.vllm_admin import VllmAdmin
 from guardian.analysis.memory import MemoryReport
@@ -152,6 +153,7 @@ class Daemon:
         self._scheduler: AsyncIOScheduler | None = None
         self._stop = asyncio.Event()
         self._ready_sent = False
+        self._resuming: asyncio.Task[None] | None = None
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -168,6 +170,7 @@ class Daemon:
         self.executor = self._build_executor(self.config)
         self.executor.submit(self._reconcile())
         await self._start_children()
+        self._resuming = asyncio.create_task(self._resume_paused())
         if self._record is not None:
             self._record.header = record_header(self.config, self.pipeline.host_memory)
         await self._start_http()
@@ -219,6 +222,9 @@ class Daemon:
     async def close(self) -> None:
         if self._scheduler is not None and self._scheduler.running:
             self._scheduler.shutdown(wait=False)
+        if self._resuming is not None:
+            self._resuming.cancel()
+            await asyncio.gather(self._resuming, return_exceptions=True)
         if self.executor is not None:
             await self.executor.close()
         if self.gateway is not None:
@@ -385,8 +391,8 @@ class Daemon:
         wall = time.time()
         engines = list(self._engines.values())
         scrapes = asyncio.gather(*(e.scraper.scrape() for e in engines))
-        nvml, procs, scraped = await asyncio.gather(self._read_nvml(), self._read_processes(engines), scrapes)
-        readings = [_with_processes(r, procs.get(r.name)) for r in scraped]
+        nvml, (procs, statuses), scraped = await asyncio.gather(self._read_nvml(), self._read_processes(engines), scrapes)
+        readings = [_with_processes(r, procs.get(r.name), statuses.get(r.name)) for r in scraped]
         sample = Sample(t=started, wall=wall, nvml=nvml, engines=tuple(readings),
                         gateway=self.gateway.loads() if self.gateway is not None else ())  # fmt: skip
         previous = self.snapshot.engines if self.snapshot else {}
@@ -399,6 +405,7 @@ class Daemon:
         self._nvml_failures = 0 if nvml.ok else self._nvml_failures + 1
         self._nvml_log.observe(None if nvml.ok else "nvml", nvml.error)
         self._observe_memory(sample, result.memory)
+        self._route(result.evidence)
         if self._record is not None:
             self._write_record(sample)
         self._carry_out(result.decision)
@@ -568,10 +575,21 @@ class Daemon:
         self._saved = loaded.data
 
     async def _start_children(self) -> None:
-        """With the child launcher guardian owns the engine: start it unless it already runs (from an earlier guardian)."""
+        """With the child launcher guardian owns the engine: start it unless it already runs (from an earlier guardian).
+
+        An engine an earlier guardian started is adopted only when its identity
+        checks out; its orphans (a server killed, its engine core left) are
+        stopped by the start. With no identity kept, a process listening on the
+        engine's port is adopted if it is the engine's command and otherwise
+        left alone, and no second engine is started beside it.
+        """
         assert self.executor is not None
         for name, act in self.executor.engines.items():
             if not isinstance(act.launcher, ChildLauncher) or await act.launcher.alive() is not False:
+                continue
+            if act.launcher.identity() is None and (found := act.launcher.adopt_listener()) is not None:
+                (log.info if found.ok else log.error)("engine_start_skipped", engine=name, outcome=found.status,
+                                                      detail=found.detail)  # fmt: skip
                 continue
             args = self.executor.args_for(name, response.restart_details(self.pipeline.states[name], response.Evidence()))
             if self.dry_run:
@@ -580,6 +598,20 @@ class Daemon:
             outcome = await act.launcher.restart(args)
             (log.info if outcome.ok else log.error)("engine_started", engine=name, launcher=act.launcher.describe,
                                                     outcome=outcome.status, detail=outcome.detail)  # fmt: skip
+
+    async def _resume_paused(self) -> None:
+        """An engine left paused by a guardian that died mid-drain is resumed: nothing else ever would."""
+        assert self.executor is not None
+        for name, act in self.executor.engines.items():
+            if act.admin is None or name in self.executor.restarting:
+                continue
+            asked = await act.admin.is_paused()
+            if asked.ok and isinstance(asked.body, dict) and asked.body.get("is_paused") is True:
+                resumed = await act.admin.resume()
+                (log.warning if resumed.ok else log.error)(
+                    "engine_resumed", engine=name, outcome=resumed.status, detail=resumed.detail,
+                    reason="found paused with no restart in progress (a guardian stopped during a drain?)",
+                )  # fmt: skip
 
     def _reconcile(self) -> list[Action]:
         """A restored level's gates, set again: the run that entered it may have died before they were."""
@@ -705,14 +737,31 @@ class Daemon:
                 self.metrics.nvml_errors.labels("gpu_error").inc()
         return reading
 
-    async def _read_processes(self, engines: list[_Engine]) -> dict[str, tuple[tuple[ProcReading, ...] | None, str | None]]:
+    async def _read_processes(
+        self, engines: list[_Engine]
+    ) -> tuple[dict[str, tuple[tuple[ProcReading, ...] | None, str | None]], dict[str, ProcessStatus]]:
+        """Each engine's process tree (``[engines.process]``) and its launcher's word on its main process."""
         sources = [(e.section.name, e.processes) for e in engines if e.processes is not None]
-        if not sources:
-            return {}
+        acts = self.executor.engines if self.executor else {}
+        launchers = [(n, a.launcher) for n, a in acts.items() if a.launcher is not None]
+        if not sources and not launchers:
+            return {}, {}
+
+        def read() -> tuple[dict[str, tuple[tuple[ProcReading, ...] | None, str | None]], dict[str, ProcessStatus]]:
+            statuses = {n: st for n, launcher in launchers if (st := launcher.status()) is not None}
+            return {n: src.read() for n, src in sources}, statuses
+
         try:
-            return await self._proc_worker.call(lambda: {n: s.read() for n, s in sources}, timeout=2.0)
+            return await self._proc_worker.call(read, timeout=2.0)
         except (WorkerBusy, asyncio.TimeoutError):
-            return {n: (None, "process scan did not finish in time") for n, _ in sources}
+            return {n: (None, "process scan did not finish in time") for n, _ in sources}, {}
+
+    def _route(self, seen: Mapping[str, response.Evidence]) -> None:
+        """The gateway sends requests only to engines that are up (or not yet known): never to a dead, hung or loading one."""
+        if self.gateway is None:
+            return
+        for name, e in seen.items():
+            self.gateway.set_available(name, e.phase in (None, "up"), e.phase or "unknown")
 
     def _observe_engine(self, engine: _Engine, reading: EngineReading, restarts_before: int, restarts: int) -> None:
         name = engine.section.name
@@ -771,11 +820,18 @@ class Daemon:
 
 
 def _with_processes(
-    reading: EngineReading, procs: tuple[tuple[ProcReading, ...] | None, str | None] | None
+    reading: EngineReading, procs: tuple[tuple[ProcReading, ...] | None, str | None] | None, status: ProcessStatus | None
 ) -> EngineReading:
-    if procs is None:
-        return reading
-    return replace(reading, processes=procs[0], process_error=procs[1])
+    """The reading with its process tree, and its main process: the launcher's word first, else the tree's oldest."""
+    if procs is not None:
+        reading = replace(reading, processes=procs[0], process_error=procs[1])
+    if status is not None:
+        return replace(reading, process_alive=status.alive, process_started=status.started)
+    alive = [p for p in reading.processes or () if p.alive]
+    if alive:
+        starts = [p.start_time for p in alive if p.start_time is not None]
+        return replace(reading, process_alive=True, process_started=min(starts) if starts else None)
+    return reading
 
 
 def gateway_settings(config: cfg.Config) -> GatewaySettings:
@@ -813,12 +869,12 @@ def launcher_for(section: cfg.EngineSection, state_dir: Path) -> Launcher | None
         assert restart.unit and restart.env_file
         return SystemdLauncher(restart.unit, restart.env_file)
     assert restart.command
-    return ChildLauncher(restart.command, state_dir / f"{section.name}.pid")
+    return ChildLauncher(restart.command, state_dir / f"{section.name}.pid", port=urlsplit(section.url).port)
 
 
 def _reason(rule: str) -> str:
     """A bounded label value: operators' names stay in the log, not in metric labels."""
-    return rule.split(" ", 1)[0] if rule.startswith(("forced", "cleared")) else rule
+    return rule.split(" ", 1)[0] if rule.startswith(("forced", "cleared", "recovered")) else rule
 
 
 def _wall(sample: Sample, t: float) -> str:

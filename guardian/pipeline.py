@@ -19,6 +19,7 @@ from guardian.analysis.memory import MemoryReport, MemoryWatch
 from guardian.policy import response, tuner
 from guardian.policy.breaker import Evidence, Level, Transition
 from guardian.policy.evidence import EvidenceMemory, evidence
+from guardian.policy.lifecycle import LifecycleParams
 from guardian.policy.profiles import hardware_profile
 from guardian.policy.response import Action, Command, EngineState
 from guardian.policy.slo import lanes_served
@@ -114,6 +115,7 @@ class Pipeline:
         self.states = {name: self.states[name] for name in trackers}
         self._tuner_params = config.tuner.params if config.tuner else None  # built once per config, read every poll
         self._base_args = {e.name: config.base_args(e) for e in config.engines}  # presets validated once, not per poll
+        self._life = LifecycleParams(config.breaker.l3_dead_after_polls, config.actions.start_timeout_seconds)
         if (config.leak, config.fragmentation) != (self.config.leak, self.config.fragmentation):
             self._memory = MemoryWatch(config.leak, config.fragmentation.kv_pool_share, self.host_memory)
         self.config = config
@@ -129,7 +131,7 @@ class Pipeline:
         transitions: list[tuple[str, Transition]] = []
         actions: list[Action] = []
         for name, sig in signals.items():
-            e = seen[name] = evidence(name, sample, sig, memory, self._past, OOM_FREE_RATIO)
+            e = seen[name] = evidence(name, sample, sig, memory, self._past, OOM_FREE_RATIO, self._life)
             out = response.respond(
                 name, self.states[name], e, sample.t, self.config.breaker, self.config.actions.params, finished.get(name)
             )
@@ -160,6 +162,11 @@ class Pipeline:
             self.marginals.setdefault(name, MarginalWatch()).update(
                 sample.t, ts.batch, sig.kv_cache_usage, sig.generation_tokens_per_second, q.p99 if q else None)
         return cost
+
+    def phase(self, name: str) -> str | None:
+        """The engine's lifecycle phase at the last poll (starting, up, unresponsive, dead); None before the first."""
+        life = self._past.lifecycles.get(name)
+        return life.phase if life else None
 
     def marginal(self, name: str) -> Marginal | None:
         watch = self.marginals.get(name)

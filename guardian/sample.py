@@ -135,6 +135,8 @@ class EngineReading:
     processes: tuple[ProcReading, ...] | None = None  # None: not configured or not found
     process_error: str | None = None
     scrape_seconds: float | None = None
+    process_alive: bool | None = None  # the engine's main process, from its launcher or process tree; None: unknown
+    process_started: float | None = None  # that process's start time (unix seconds): a new one is a new process
 
 
 @dataclass(frozen=True, slots=True)

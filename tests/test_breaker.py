@@ -8,7 +8,7 @@ from guardian.policy.breaker import BreakerParams, BreakerState, Evidence, Level
 
 P = BreakerParams()
 CALM = Evidence(fragmentation_ratio=0.1, kv_usage=0.5, over_budget_ratio=0.0, free_ratio=0.3, health_failures=0,
-                oom=False, preemptions_per_second=0.0)  # fmt: skip
+                phase="up", oom=False, preemptions_per_second=0.0)  # fmt: skip
 
 
 def run(timeline: list[tuple[float, Evidence]], state: BreakerState | None = None, dt: float = 1.0):  # type: ignore[no-untyped-def]
@@ -37,7 +37,8 @@ def ev(**changes: object) -> Evidence:
         ("kv usage skips L1", ev(kv_usage=0.95), P.l2_sustain_seconds, Level.L2, "kv_usage"),
         ("past the budget", ev(over_budget_ratio=0.05), P.l2_sustain_seconds, Level.L2, "over_budget"),
         ("free below reserve", ev(free_ratio=0.05), P.l3_sustain_seconds, Level.L3, "free_reserve"),
-        ("dead engine", ev(health_failures=3), P.l3_sustain_seconds, Level.L3, "engine_dead"),
+        ("dead engine", ev(phase="dead"), P.l3_sustain_seconds, Level.L3, "engine_dead"),
+        ("hung engine", ev(phase="unresponsive"), P.l3_sustain_seconds, Level.L3, "engine_unresponsive"),
         ("preemption storm", ev(preemptions_per_second=5.0), P.l3_sustain_seconds, Level.L3, "preemption_storm"),
     ],
 )
@@ -118,6 +119,30 @@ def test_lost_telemetry_holds_the_level() -> None:
     assert state.level == Level.L2 and len(transitions) == 1
 
 
+def test_a_dead_or_hung_engine_is_l3_even_with_its_telemetry_lost() -> None:
+    for phase in ("dead", "unresponsive"):
+        blind = ev(kv_usage=None, fragmentation_ratio=None, preemptions_per_second=None, telemetry_lost=True, phase=phase)
+        state, transitions = run([(P.l3_sustain_seconds + 1, blind)])
+        assert state.level == Level.L3 and transitions[0].rule == f"engine_{phase}"
+    loading = ev(kv_usage=None, telemetry_lost=True, phase="starting")
+    state, transitions = run([(1000, loading)])
+    assert state.level == Level.L0 and transitions == []  # a loading engine is never called dead
+
+
+def test_a_level_entered_on_evidence_now_unknown_decays_on_what_is_known() -> None:
+    # L3 for the free reserve, then NVML is gone: free unknown, the engine up and calm
+    state, _ = run([(P.l3_sustain_seconds + 1, ev(free_ratio=0.02))])
+    assert state.level == Level.L3
+    no_nvml = ev(free_ratio=None, over_budget_ratio=None)
+    state, transitions = run([(P.l3_exit_hold_seconds + P.l2_exit_hold_seconds + 20, no_nvml)], state)
+    assert state.level == Level.L1
+    assert [tr.rule for tr in transitions] == ["recovered (free_ratio unknown)", "recovered (over_budget_ratio unknown)"]
+    # a level with any stay condition still holding does not decay, known or not
+    state, _ = run([(P.l3_sustain_seconds + 1, ev(free_ratio=0.02))])
+    state, _ = run([(1000, ev(free_ratio=None, phase="unresponsive"))], state)
+    assert state.level == Level.L3
+
+
 def test_flapping_around_35_percent_makes_at_most_one_transition_per_hold() -> None:
     flapping = [(1, ev(fragmentation_ratio=0.36 if i % 2 else 0.34)) for i in range(600)]
     _, transitions = run(flapping)
@@ -158,13 +183,17 @@ def _poll(healthy: bool | None, kind: str | None = None, free: float = 8.0, rest
     return sample, sig, memory
 
 
-def test_health_failures_count_answers_and_refusals_but_not_silence() -> None:
+def test_polls_without_an_answer_count_refusals_errors_and_timeouts() -> None:
     past = EvidenceMemory()
-    counts = []
+    counts, phases = [], []
     for healthy, kind in [(True, None), (False, None), (None, "refused"), (None, "timeout"), (False, None), (True, None)]:
         sample, sig, memory = _poll(healthy, kind)
-        counts.append(evidence("e", sample, sig, memory, past, 0.10).health_failures)
-    assert counts == [0, 1, 2, None, 3, 0]
+        e = evidence("e", sample, sig, memory, past, 0.10)
+        counts.append(e.health_failures)
+        phases.append(e.phase)
+    assert counts == [0, 1, 2, 3, 4, 0]
+    # no process information: after three polls without an answer the engine is hung (timeouts) or dead (refused)
+    assert phases == ["up", "up", "up", "unresponsive", "unresponsive", "up"]
 
 
 def test_oom_is_an_engine_dying_while_its_gpu_was_out_of_memory() -> None:

@@ -106,14 +106,15 @@ async def test_with_the_child_launcher_guardian_starts_the_engine_once(cluster: 
     program = f"import sys, time; open({str(marker)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n'); time.sleep(60)"
     restart = cfg.RestartSection(launcher="child", command=[sys.executable, "-c", program], args={"max-num-seqs": 16})
     config = _config(cluster, tmp_path / "state", None)
-    config = config.model_copy(update={"engines": [config.engines[0].model_copy(update={"restart": restart})]})
+    url = f"http://127.0.0.1:{free_port()}"  # the stand-in engine listens nowhere: the port is free
+    config = config.model_copy(update={"engines": [config.engines[0].model_copy(update={"restart": restart, "url": url})]})
     first = await _daemon(config, cluster)
     await first.close()
-    pid = int((tmp_path / "state" / "sim0.pid").read_text())
-    second = await _daemon(config, cluster)  # a restarted guardian adopts the engine through its pid file
+    pid = json.loads((tmp_path / "state" / "sim0.pid").read_text())["pid"]
+    second = await _daemon(config, cluster)  # a restarted guardian adopts the engine through its identity file
     await second.close()
     try:
-        assert int((tmp_path / "state" / "sim0.pid").read_text()) == pid
+        assert json.loads((tmp_path / "state" / "sim0.pid").read_text())["pid"] == pid
         deadline = time.monotonic() + 30  # a loaded machine starts Python slowly
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -137,7 +137,7 @@ async def test_a_crash_loop_on_the_simulator_stops_at_the_restart_budget_and_hol
     daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""), launchers={"sim0": launcher})
     await daemon.start()
     try:
-        server.dead = True  # the engine core died: /health answers 500
+        server.crash()  # the engine core died: /health 503, then the server exits
         await wait_until(lambda: daemon.pipeline.states["sim0"].breaker.forced, 30)
         await asyncio.sleep(3)  # and it stays put: no third restart
         state = daemon.pipeline.states["sim0"]

@@ -22,7 +22,7 @@ BP = BreakerParams()
 RP = ResponseParams(restart_budget=3, restart_budget_window_seconds=3600, degrade_after_seconds=600,
                     restore_after_seconds=1800)  # fmt: skip
 CALM = Evidence(fragmentation_ratio=0.1, kv_usage=0.5, over_budget_ratio=0.0, free_ratio=0.3, expected_free_ratio=0.3,
-                gpu_memory_utilization=0.7, health_failures=0, oom=False, preemptions_per_second=0.0)  # fmt: skip
+                gpu_memory_utilization=0.7, health_failures=0, phase="up", oom=False, preemptions_per_second=0.0)  # fmt: skip
 
 
 def ev(**changes: object) -> Evidence:
@@ -98,7 +98,7 @@ def test_a_default_vllm_host_with_its_usual_seven_percent_free_is_not_an_emergen
 def test_the_restart_in_progress_holds_the_level_until_its_outcome_is_in() -> None:
     run = Run().feed(BP.l3_sustain_seconds + 1, ev(free_ratio=0.05))
     started = run.state.restarting
-    run.feed(60, ev(health_failures=10, free_ratio=None))  # paused, then down: on purpose
+    run.feed(60, ev(health_failures=10, phase="dead", free_ratio=None))  # paused, then down: on purpose
     assert run.state.breaker.level == Level.L3 and len(run.restarts()) == 1 and len(run.transitions) == 1
     run.feed(1, CALM, finished={run.t: True})
     assert run.state.restarting is None and started is not None
@@ -107,24 +107,24 @@ def test_the_restart_in_progress_holds_the_level_until_its_outcome_is_in() -> No
 
 
 def test_a_crash_loop_stops_at_the_restart_budget_pins_l3_and_pages() -> None:
-    run = Run().feed(BP.l3_sustain_seconds + 1, ev(health_failures=5))
+    run = Run().feed(BP.l3_sustain_seconds + 1, ev(health_failures=5, phase="dead"))
     assert [a.reason for a in run.restarts()] == ["engine_dead"]
     for _ in range(5):  # each restart fails: the engine never comes back
-        run.feed(1, ev(health_failures=5), finished={run.t: False})
-        run.feed(3, ev(health_failures=5))
+        run.feed(1, ev(health_failures=5, phase="dead"), finished={run.t: False})
+        run.feed(3, ev(health_failures=5, phase="dead"))
     assert len(run.restarts()) == RP.restart_budget
     assert run.state.breaker.forced and run.state.breaker.forced_by == "restart budget"
     pages = [a.details["text"] for _, a in run.actions if a.details.get("severity") == "page"]
     assert any("3 restarts in 3600s" in text and "guardian breaker clear e" in text for text in pages)
     assert sum(1 for _, a in run.actions if a.reason == "restart_failed") == RP.restart_budget
-    run.feed(3600, ev(health_failures=5))  # the window passes: still pinned, still no restart
+    run.feed(3600, ev(health_failures=5, phase="dead"))  # the window passes: still pinned, still no restart
     assert len(run.restarts()) == RP.restart_budget and run.state.breaker.level == Level.L3
 
 
 def test_clear_hands_a_pinned_engine_back_to_the_rules() -> None:
-    run = Run().feed(BP.l3_sustain_seconds + 1, ev(health_failures=5))
+    run = Run().feed(BP.l3_sustain_seconds + 1, ev(health_failures=5, phase="dead"))
     for _ in range(3):
-        run.feed(1, ev(health_failures=5), finished={run.t: False})
+        run.feed(1, ev(health_failures=5, phase="dead"), finished={run.t: False})
     assert run.state.breaker.forced
     out = command(run.state, Command("clear", "e", "alice"), run.t)
     assert out.state.breaker.level == Level.L0 and not out.state.breaker.forced
@@ -135,7 +135,7 @@ def test_force_pins_a_level_and_the_rules_do_not_move_it() -> None:
     out = command(EngineState(), Command("force", "e", "bob", 2), 0.0)
     assert out.state.breaker.level == Level.L2 and out.state.breaker.forced_by == "bob"
     assert [a.kind for a in out.actions] == ["gates", "reset_prefix_cache", "notify"]
-    run = Run(out.state).feed(600, ev(free_ratio=0.01, health_failures=9))
+    run = Run(out.state).feed(600, ev(free_ratio=0.01, health_failures=9, phase="dead"))
     assert run.transitions == [] and run.restarts() == []
 
 
@@ -143,12 +143,12 @@ def test_restarts_leave_the_budget_when_they_leave_the_window() -> None:
     state = EngineState(restarts=(0.0, 10.0, 20.0))
     run = Run(state)
     run.t = 3000.0
-    run.feed(BP.l3_sustain_seconds + 1, ev(health_failures=5))
+    run.feed(BP.l3_sustain_seconds + 1, ev(health_failures=5, phase="dead"))
     assert run.state.breaker.forced  # all three still inside the hour
     state = EngineState(restarts=(0.0, 10.0, 20.0))
     run = Run(state)
     run.t = 3605.0
-    run.feed(BP.l3_sustain_seconds + 1, ev(health_failures=5))
+    run.feed(BP.l3_sustain_seconds + 1, ev(health_failures=5, phase="dead"))
     assert not run.state.breaker.forced and len(run.restarts()) == 1 and len(run.state.restarts) == 2
 
 

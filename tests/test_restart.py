@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +19,7 @@ from guardian.actions.gateway import NoGateway
 from guardian.actions.launcher import ChildLauncher, SystemdLauncher
 from guardian.actions.outcome import Outcome
 from guardian.actions.restart import DrainedRestart, RestartTimeouts
+from tests.helpers import free_port
 
 
 class FakeClock:
@@ -169,19 +173,106 @@ async def test_child_launcher_stops_the_old_engine_and_starts_the_new_one_with_t
     launcher = ChildLauncher([sys.executable, "-c", program], tmp_path / "e.pid", stop_timeout=5)
     assert await launcher.alive() is False
     first = await launcher.restart({"max-num-seqs": 8})
-    pid1 = int((tmp_path / "e.pid").read_text())
+    pid1 = _identity(tmp_path / "e.pid")["pid"]
     await _lines(out, 1)
     second = await launcher.restart({"max-num-seqs": 4, "enforce-eager": True})
-    pid2 = int((tmp_path / "e.pid").read_text())
+    pid2 = _identity(tmp_path / "e.pid")["pid"]
     try:
-        assert first.ok and second.ok and f"pid {pid1} stopped" in second.detail and pid1 != pid2
+        assert first.ok and second.ok and f"pid {pid1}'s group stopped" in second.detail and pid1 != pid2
         assert not psutil.pid_exists(pid1) or psutil.Process(pid1).status() == psutil.STATUS_ZOMBIE
         assert await launcher.alive() is True
         assert await _lines(out, 2) == ["--max-num-seqs 8", "--enforce-eager --max-num-seqs 4"]
-        # a restarted guardian finds the engine it started through the pid file
+        # a restarted guardian finds the engine it started through its identity (pid, start time, command line)
         assert await ChildLauncher([sys.executable], tmp_path / "e.pid").alive() is True
     finally:
         os.killpg(pid2, 9)
+
+
+def _identity(path: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
+
+
+# vLLM's shape: the API server starts its engine core in the same process group; kill -9 of the
+# server leaves the engine core running (and, on a GPU, holding the memory)
+SERVER_WITH_ENGINE_CORE = (
+    "import subprocess, sys, time; "
+    "core = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+    "open(sys.argv[1], 'w').write(str(core.pid)); time.sleep(120)"
+)
+
+
+async def test_a_restart_after_kill_9_of_the_server_stops_its_orphaned_engine_core(tmp_path: Path) -> None:
+    core_file = tmp_path / "core.pid"
+    launcher = ChildLauncher([sys.executable, "-c", SERVER_WITH_ENGINE_CORE, str(core_file)], tmp_path / "e.pid", stop_timeout=5)
+    await launcher.restart({})
+    server = _identity(tmp_path / "e.pid")["pid"]
+    deadline = time.monotonic() + 30
+    while not (core_file.exists() and core_file.read_text()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    core = int(core_file.read_text())
+    os.kill(server, signal.SIGKILL)
+    while await launcher.alive() is not False and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert psutil.Process(core).is_running()  # the orphan lives on
+    # a guardian started now finds the orphan through the identity file, and its start stops it
+    later = ChildLauncher(launcher.command, tmp_path / "e.pid", stop_timeout=5)
+    assert await later.alive() is False and later.identity() is not None
+    outcome = await later.restart({})
+    try:
+        assert outcome.ok and "2 processes" not in outcome.detail and "group stopped" in outcome.detail
+        assert not psutil.pid_exists(core) or psutil.Process(core).status() == psutil.STATUS_ZOMBIE
+    finally:
+        os.killpg(_identity(tmp_path / "e.pid")["pid"], signal.SIGKILL)
+
+
+async def test_an_identity_file_naming_another_process_is_not_adopted_and_that_process_is_never_signalled(tmp_path: Path) -> None:
+    # after a reboot the pid now belongs to an unrelated program: same pid, other start time and command line
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        ident = tmp_path / "e.pid"
+        ident.write_text(json.dumps({"pid": bystander.pid, "started": 1000.0, "argv": ["/opt/vllm/bin/vllm", "serve"]}))
+        launcher = ChildLauncher(["/opt/vllm/bin/vllm", "serve"], ident, stop_timeout=1)
+        assert await launcher.alive() is False and launcher.identity() is None
+        assert (await launcher.restart({})).status == "failed"  # no such program here; nothing was stopped
+        ident.write_text(f"{bystander.pid}\n")  # the old plain pid file: unverifiable, not adopted either
+        assert ChildLauncher(["/opt/vllm/bin/vllm"], ident).identity() is None
+        assert bystander.poll() is None  # never signalled
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+async def test_with_no_identity_kept_the_engines_port_says_whether_to_adopt_or_to_keep_out(tmp_path: Path) -> None:
+    port = free_port()
+    serve = f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(60)"
+    command = [sys.executable, "-c", serve]
+    engine = subprocess.Popen(command, start_new_session=True)
+    try:
+        await _listening(port)
+        unwritable = tmp_path / "no-such-dir" / "e.pid"  # the identity could not be kept
+        launcher = ChildLauncher(command, unwritable, port=port)
+        found = launcher.adopt_listener()
+        assert found is not None and found.ok and f"pid {engine.pid}" in found.detail
+        assert await launcher.alive() is True
+        stranger = ChildLauncher([sys.executable, "-m", "vllm"], tmp_path / "s.pid", port=port)
+        refused = stranger.adopt_listener()
+        assert refused is not None and refused.status == "refused" and "not touching it" in refused.detail
+        assert engine.poll() is None
+        assert ChildLauncher(command, tmp_path / "t.pid", port=free_port()).adopt_listener() is None  # a free port: start
+    finally:
+        engine.kill()
+        engine.wait()
+
+
+async def _listening(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.05)
 
 
 async def _lines(path: Path, n: int) -> list[str]:

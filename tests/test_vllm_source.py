@@ -118,10 +118,16 @@ async def test_server_with_stats_disabled_is_said_so(sim: SimServer, session: ai
     assert reading.up and reading.stats_disabled and "--disable-log-stats" in reading.error
 
 
-async def test_dead_engine_fails_health_but_page_still_reads(sim: SimServer, session: aiohttp.ClientSession) -> None:
-    sim.dead = True
+async def test_a_dead_engine_core_fails_health_while_the_page_reads_then_the_server_is_gone(
+    sim: SimServer, session: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("guardian.sim.server.EXIT_AFTER_SECONDS", 0.3)
+    sim.crash()
     reading = await VllmScraper("a", sim.url, session, timeout=1).scrape()
-    assert reading.up and reading.healthy is False
+    assert reading.up and reading.healthy is False  # vLLM: /health 503 while /metrics still answers
+    await asyncio.sleep(0.5)
+    reading = await VllmScraper("a", sim.url, session, timeout=1).scrape()
+    assert not reading.up and reading.error_kind == "refused" and sim.exited
 
 
 async def test_counter_reset_after_an_engine_restart_is_read_as_is(sim: SimServer, session: aiohttp.ClientSession) -> None:

@@ -10,15 +10,27 @@ engine that died during start instead of waiting for the whole timeout.
   leaves the old file), then ``systemctl restart --no-block UNIT``. guardian's
   user needs the right to restart that one unit (polkit rule or sudoers line).
 - ``ChildLauncher``: guardian runs ``command + argv`` itself in a new session
-  (hosts without systemd). Its pid is kept in a file so a restarted guardian
-  finds the engine it started instead of starting a second one.
+  (hosts without systemd) and owns that session's process group.
+
+What a real ``vllm serve`` does shapes the child launcher. ``kill -9`` of its
+API server leaves the engine core and workers running (renamed
+``VLLM::EngineCore``, ``VLLM::Worker``) in the same group, holding the GPU:
+a restart stops every member of the group, not only the process it started.
+Pids are reused (after a reboot, or a long uptime), so the engine is known by
+its identity, pid *and* start time *and* command line, kept in a JSON file:
+a pid file that names another process is never adopted, and that process is
+never signalled. When no identity could be kept (a full disk), the engine's
+port tells: a process listening there with the engine's command is adopted,
+anything else there stops guardian from starting a second engine beside it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -32,6 +44,14 @@ from guardian.state import atomic_write
 log = logs.get("guardian.launcher")
 
 
+@dataclass(frozen=True)
+class ProcessStatus:
+    """The engine's main process as its launcher knows it: the lifecycle's process inputs."""
+
+    alive: bool
+    started: float | None  # unix seconds
+
+
 class Launcher(Protocol):
     describe: str
 
@@ -39,6 +59,10 @@ class Launcher(Protocol):
 
     async def alive(self) -> bool | None:
         """Whether the engine's process is running (or starting); None when it cannot be told."""
+        ...
+
+    def status(self) -> ProcessStatus | None:
+        """Cheap, every poll: the engine's process, or None when this launcher cannot tell (ask the process tree)."""
         ...
 
 
@@ -62,6 +86,9 @@ class SystemdLauncher:
         if code != 0:
             return Outcome("restart", "failed", f"systemctl restart {self.unit} exited {code}: {out}")
         return Outcome("restart", "done", f"systemctl restart {self.unit}")
+
+    def status(self) -> ProcessStatus | None:
+        return None  # systemctl per poll is too dear: [engines.process] systemd_unit reads the unit's cgroup instead
 
     async def alive(self) -> bool | None:
         code, out = await self._systemctl("is-active", self.unit)
@@ -89,13 +116,56 @@ class SystemdLauncher:
         return proc.returncode or 0, out.decode(errors="replace").strip()[:300]
 
 
+@dataclass(frozen=True)
+class Identity:
+    """One process, beyond doubt: a pid alone may since have been given to another program."""
+
+    pid: int
+    started: float  # psutil create_time
+    argv: tuple[str, ...]
+
+    def matches(self, proc: psutil.Process) -> bool:
+        """Same start time, and the same command line where one can be read (a dying process's reads empty)."""
+        try:
+            argv = tuple(proc.cmdline())
+            return abs(proc.create_time() - self.started) < 0.05 and argv in (self.argv, ())
+        except psutil.Error:
+            return False
+
+    def members(self) -> list[psutil.Process]:
+        """Every live process of the group it leads, the leader's orphans included (none started before it).
+
+        Linux gives a pid out again only once no process group is known by
+        it: a live process with the leader's pid that is not the leader means
+        the group is gone and that pid is someone else's.
+        """
+        try:
+            leader = psutil.Process(self.pid)
+            if leader.status() != psutil.STATUS_ZOMBIE and not self.matches(leader):
+                return []
+        except psutil.Error:
+            pass  # the leader is gone (or a zombie); its group may live on
+        out = []
+        for proc in psutil.process_iter(["create_time"]):
+            try:
+                if os.getpgid(proc.pid) == self.pid and proc.info["create_time"] >= self.started - 0.05:
+                    if proc.status() != psutil.STATUS_ZOMBIE:
+                        out.append(proc)
+            except (OSError, psutil.Error):
+                continue
+        return out
+
+
 class ChildLauncher:
-    def __init__(self, command: Sequence[str], pid_file: Path, stop_timeout: float = 30.0) -> None:
+    def __init__(self, command: Sequence[str], pid_file: Path, stop_timeout: float = 30.0, port: int | None = None) -> None:
         self.command = list(command)
         self.pid_file = pid_file
         self.stop_timeout = stop_timeout
-        self.describe = f"child process {self.command[0]} (pid in {pid_file})"
-        self._proc: asyncio.subprocess.Process | None = None
+        self.port = port  # the engine's: to find an engine whose identity could not be kept
+        self.describe = f"child process {self.command[0]} (identity in {pid_file})"
+        self._proc: asyncio.subprocess.Process | None = None  # kept so the child is reaped
+        self._identity: Identity | None = None
+        self._loaded = False
 
     async def restart(self, args: EngineArgs) -> Outcome:
         stopped = await self._stop()
@@ -105,47 +175,128 @@ class ChildLauncher:
         except OSError as exc:
             return Outcome("restart", "failed", f"cannot start {self.command[0]}: {exc.strerror or exc}")
         try:
-            atomic_write(self.pid_file, f"{self._proc.pid}\n".encode(), mode=0o644)
-        except OSError as exc:
-            log.warning("pid_file_unwritable", file=str(self.pid_file), reason=exc.strerror or str(exc))
+            started = psutil.Process(self._proc.pid).create_time()
+        except psutil.Error:
+            started = 0.0  # exited already: the start wait sees it
+        self._identity = Identity(self._proc.pid, started, tuple(argv))
+        self._save()
         return Outcome("restart", "done", f"{stopped}; started pid {self._proc.pid}")
 
-    async def alive(self) -> bool | None:
-        if self._proc is not None:
-            return self._proc.returncode is None
-        proc = self._adopted()
-        return proc is not None
-
-    def _adopted(self) -> psutil.Process | None:
-        """The engine a previous guardian started, if its pid file names a live process."""
+    def status(self) -> ProcessStatus | None:
+        ident = self.identity()
+        if ident is None:
+            return ProcessStatus(False, None)
         try:
-            pid = int(self.pid_file.read_text().strip())
-            proc = psutil.Process(pid)
-            return None if proc.status() == psutil.STATUS_ZOMBIE else proc
-        except (OSError, ValueError, psutil.Error):
+            proc = psutil.Process(ident.pid)
+            alive = ident.matches(proc) and proc.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+        except psutil.Error:
+            alive = False
+        return ProcessStatus(alive, ident.started)
+
+    async def alive(self) -> bool | None:
+        status = self.status()
+        return status.alive if status else None
+
+    def identity(self) -> Identity | None:
+        """The engine this launcher owns: started by this guardian, or by an earlier one and proven to be it."""
+        if not self._loaded:
+            self._loaded = True
+            self._identity = self._identity or self._adopt()
+        return self._identity
+
+    def adopt_listener(self) -> Outcome | None:
+        """No engine of ours is known: if something listens on the engine's port, adopt it when it is ours, else refuse.
+
+        None: the port is free (start an engine). An outcome: do not start one.
+        """
+        if self.port is None:
             return None
+        pid = _listener(self.port)
+        if pid is None:
+            return None
+        try:
+            proc = psutil.Process(pid)
+            leader = psutil.Process(os.getpgid(pid))
+            argv = tuple(leader.cmdline())
+            ours = argv[: len(self.command)] == tuple(self.command)
+            started = leader.create_time()
+        except (OSError, psutil.Error):
+            return Outcome("start", "refused", f"port {self.port} is taken by pid {pid}, which guardian cannot inspect")
+        if not ours:
+            return Outcome("start", "refused", f"port {self.port} is taken by pid {pid} ({proc.name()}), not an engine "
+                                               f"started with {self.command[0]}: not starting a second engine, not touching it")  # fmt: skip
+        self._identity = Identity(leader.pid, started, argv)
+        self._save()
+        return Outcome("start", "done", f"adopted the engine already listening on port {self.port} (pid {leader.pid})")
+
+    def _adopt(self) -> Identity | None:
+        """The identity an earlier guardian kept, if it still names that engine or its orphans."""
+        try:
+            doc = json.loads(self.pid_file.read_text())
+            ident = Identity(int(doc["pid"]), float(doc["started"]), tuple(str(a) for a in doc["argv"]))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.warning("engine_identity_unusable", file=str(self.pid_file), reason=str(exc),
+                        detail="not adopting anything it names")  # fmt: skip
+            return None
+        try:
+            proc = psutil.Process(ident.pid)
+            proc = None if proc.status() == psutil.STATUS_ZOMBIE else proc
+        except psutil.Error:
+            proc = None
+        if proc is not None and ident.matches(proc):
+            log.info("engine_adopted", pid=ident.pid, file=str(self.pid_file))
+            return ident
+        if ident.members():
+            log.warning("engine_orphans_found", pid=ident.pid, orphans=[p.pid for p in ident.members()],
+                        detail="the engine's server is gone but processes of its group live on; a start stops them")  # fmt: skip
+            return ident
+        if proc is not None and proc.is_running():
+            log.warning("engine_identity_stale", pid=ident.pid, file=str(self.pid_file),
+                        detail="that pid now belongs to another process: not adopted, never signalled")  # fmt: skip
+        return None
+
+    def _save(self) -> None:
+        ident = self._identity
+        assert ident is not None
+        doc = {"pid": ident.pid, "started": ident.started, "argv": list(ident.argv)}
+        try:
+            atomic_write(self.pid_file, json.dumps(doc).encode() + b"\n", mode=0o644)
+        except OSError as exc:
+            log.error("engine_identity_unwritable", file=str(self.pid_file), reason=exc.strerror or str(exc),
+                      detail="a guardian started later finds this engine by its port instead")  # fmt: skip
 
     async def _stop(self) -> str:
-        """SIGTERM to the engine's process group, SIGKILL after ``stop_timeout``: vLLM's workers go with it."""
-        if self._proc is not None and self._proc.returncode is None:
-            pid = self._proc.pid
-            os.killpg(pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self._proc.wait(), self.stop_timeout)
-                return f"pid {pid} stopped"
-            except asyncio.TimeoutError:
-                os.killpg(pid, signal.SIGKILL)
-                await self._proc.wait()
-                return f"pid {pid} killed after {self.stop_timeout:g}s"
-        adopted = self._adopted() if self._proc is None else None
-        if adopted is None:
+        """SIGTERM to every member of the engine's group, SIGKILL after ``stop_timeout``: orphans of a dead server too."""
+        ident = self.identity()
+        members = ident.members() if ident is not None else []
+        if ident is None or not members:
             return "no engine was running"
-        try:
-            os.killpg(adopted.pid, signal.SIGTERM)
-            _, alive = await asyncio.to_thread(psutil.wait_procs, [adopted], self.stop_timeout)
-            if alive:
-                os.killpg(adopted.pid, signal.SIGKILL)
-                return f"pid {adopted.pid} killed after {self.stop_timeout:g}s"
-        except (ProcessLookupError, psutil.Error):
-            pass
-        return f"pid {adopted.pid} stopped"
+        for proc in members:
+            _signal(proc, signal.SIGTERM)
+        _, alive = await asyncio.to_thread(psutil.wait_procs, members, self.stop_timeout)
+        for proc in alive:
+            _signal(proc, signal.SIGKILL)
+        if alive:
+            await asyncio.to_thread(psutil.wait_procs, alive, 5.0)
+        if self._proc is not None and self._proc.pid == ident.pid:
+            await self._proc.wait()
+        what = f"{len(members)} processes of pid {ident.pid}'s group"
+        return f"{what} killed after {self.stop_timeout:g}s" if alive else f"{what} stopped"
+
+
+def _signal(proc: psutil.Process, sig: signal.Signals) -> None:
+    try:
+        proc.send_signal(sig)
+    except psutil.Error:
+        pass
+
+
+def _listener(port: int) -> int | None:
+    """The pid listening on a loopback TCP port, if this user may see it."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return None
+    return next((c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid), None)

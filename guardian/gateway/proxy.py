@@ -11,7 +11,10 @@ and streams the request and the answer through unchanged, byte for byte:
 SSE chunks are written as they arrive, a client that goes away cancels the
 upstream request, upstream errors pass through with their status and body.
 Everything else (``/v1/models``, ``/v1/embeddings``, ``/tokenize``, …) is
-passed through to the first engine.
+passed through to the least loaded engine that is up. Engines that are
+dead, loading or hung (the daemon's lifecycle, each poll; a refused
+connection at once) get no requests; with none left in a pool the answer
+is 503 + Retry-After at once.
 
 It is also the breaker's ``Gateway``: ``set_gates`` (L1 refuse long
 contexts with 503 + Retry-After and a JSON error that says why; L2 pause the
@@ -43,6 +46,7 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
               "transfer-encoding", "upgrade", "host", "content-length"}  # fmt: skip
 GENERATE = ("/v1/completions", "/v1/chat/completions")
 WHOLE_BODY_BYTES = 1 << 20  # answers up to this size with a Content-Length are relayed whole
+RETRY_AFTER_NO_ENGINE_SECONDS = 10  # no engine of the pool is up: a model load takes longer, a blip less
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class GatewayServer:
         self.api_keys = dict(api_keys or {})  # engine -> key to send upstream (replaces the client's)
         self.admission = {name: Admission(settings.concurrency, settings.queue_size) for name in self.upstreams}
         self.gates = {name: Gates() for name in self.upstreams}
+        self.down: dict[str, str] = {}  # engines not to route to, and why (dead, starting, unresponsive, refused)
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self.address: tuple[str, int] | None = None
@@ -137,6 +142,17 @@ class GatewayServer:
         adm.dispatch()  # a larger cap admits queued requests at once; a smaller one lets in-flight ones finish
         return Outcome("cap", "done", f"concurrency {was} -> {cap} ({adm.in_flight} in flight, {adm.queued} queued)")
 
+    def set_available(self, engine: str, available: bool, why: str) -> None:
+        """The daemon's word after each poll: route to this engine or not (its lifecycle phase)."""
+        if engine not in self.admission:
+            return
+        if available:
+            if self.down.pop(engine, None) is not None:
+                log.info("gateway_engine_routed", engine=engine, reason=why)
+        elif self.down.get(engine) != why:
+            self.down[engine] = why
+            log.warning("gateway_engine_skipped", engine=engine, reason=why)
+
     def loads(self) -> tuple[GatewayLoad, ...]:
         """What the poll records of the gateway: per engine, its queue, in-flight requests and cap."""
         return tuple(GatewayLoad(name, a.queued, a.in_flight, a.cap) for name, a in self.admission.items())
@@ -153,6 +169,7 @@ class GatewayServer:
         if engine not in self.admission:
             return Outcome("admit", "not_configured", f"the gateway has no upstream {engine!r}")
         self.admission[engine].admit()
+        self.down.pop(engine, None)  # the restart found it healthy (or resumed the old one): route to it again
         return Outcome("admit", "done", "admitting again")
 
     # -- requests -------------------------------------------------------------------------------
@@ -175,7 +192,13 @@ class GatewayServer:
                                f"({largest} tokens) this gateway serves.", "BadRequestError")  # fmt: skip
         bucket = choice.bucket.name
         dedicated = lane == "high" and bool(s.high_priority_engines)
-        engine = self._pick(s.high_priority_engines if dedicated else choice.bucket.engines)
+        pool = s.high_priority_engines if dedicated else choice.bucket.engines
+        engine = self._pick(pool)
+        if engine is None:
+            self.metrics.requests.labels(lane, bucket, "refused_503").inc()
+            return _refused(Refusal(503, "no engine of this pool can take requests now ("
+                                         + ", ".join(f"{e}: {self.down.get(e, 'unknown')}" for e in self._pool(pool)) + ")",
+                                    RETRY_AFTER_NO_ENGINE_SECONDS))  # fmt: skip
         if self.gates[engine].refuse_long_context and choice.tokens > s.long_context_tokens:
             self.metrics.requests.labels(lane, bucket, "refused_long").inc()
             return _refused(Refusal(503, f"long-context requests (about {choice.tokens} tokens, above "
@@ -208,7 +231,7 @@ class GatewayServer:
             self._gauges(engine)
 
     async def _passthrough(self, request: web.Request) -> web.StreamResponse:
-        engine = next(iter(self.upstreams))
+        engine = self._pick(list(self.upstreams)) or next(iter(self.upstreams))
         return await self._forward(request, engine, await request.read())
 
     async def _forward(self, request: web.Request, engine: str, data: bytes) -> web.StreamResponse:
@@ -235,7 +258,10 @@ class GatewayServer:
                     await response.write(chunk)
                 await response.write_eof()
                 return response
-        except (aiohttp.ClientConnectorError, asyncio.TimeoutError) as exc:
+        except aiohttp.ClientConnectorError as exc:
+            self.set_available(engine, False, "refused")  # until the next poll says otherwise
+            return _error(502, f"the gateway could not reach {engine}: {type(exc).__name__}", "BadGatewayError")
+        except asyncio.TimeoutError as exc:
             return _error(502, f"the gateway could not reach {engine}: {type(exc).__name__}", "BadGatewayError")
 
     def _lane(self, request: web.Request, bucket: Bucket | None) -> Lane:
@@ -247,9 +273,20 @@ class GatewayServer:
             return "high"
         return "low" if bucket is not None and bucket.preemptible else "high"
 
-    def _pick(self, engines: Sequence[str]) -> str:
-        """The least loaded engine of the pool that is not draining (a draining one only when all are)."""
-        candidates = [e for e in engines if e in self.admission] or list(self.admission)
+    def _pool(self, engines: Sequence[str]) -> list[str]:
+        return [e for e in engines if e in self.admission] or list(self.admission)
+
+    def _pick(self, engines: Sequence[str]) -> str | None:
+        """The least loaded engine of the pool that is up and not draining.
+
+        A draining engine (guardian is restarting it) only when every engine
+        that is not down drains: its queue holds the request until the
+        restart ends. None when every engine of the pool is down (dead,
+        loading, hung): the client hears so at once.
+        """
+        candidates = [e for e in self._pool(engines) if e not in self.down or self.admission[e].draining]
+        if not candidates:
+            return None
         open_ = [e for e in candidates if not self.admission[e].draining] or candidates
         return min(open_, key=lambda e: self.admission[e].in_flight + self.admission[e].queued)
 

@@ -11,7 +11,7 @@ a time the evidence must be sustained before it counts:
 | --- | --- | --- |
 | L1 | fragmentation_ratio > l1_enter | fragmentation_ratio >= l1_exit |
 | L2 | kv_usage > l2_enter, or the engine's memory past its budget + margin | kv_usage >= l2_exit, or still past the budget |
-| L3 | NVML free < the reserve, engine dead, OOM, preemption storm | free < the exit share, dead, storm above the calm rate |
+| L3 | NVML free < the reserve, engine dead or unresponsive, OOM, preemption storm | free < the exit share, not up, storm above the calm rate |
 
 The reserve is ``l3_free_reserve_ratio`` of the GPU, but never more than half
 of what the engine's own configuration leaves free (``expected_free_ratio``:
@@ -25,9 +25,15 @@ pool eating the headroom, and L2's smaller budget margin fires first.
   sustained; an OOM is hard evidence and needs no sustain.
 - De-escalation is one level at a time, after the current level's stay
   conditions have all been clear for that level's exit hold.
-- Unknown data never escalates and never de-escalates: a reading that is
-  None neither starts nor sustains evidence, and a stay condition that
-  cannot be evaluated is not clear. Lost telemetry is its own alert.
+- Unknown data never escalates: a reading that is None neither starts nor
+  sustains evidence. A level whose stay conditions are partly unknown (NVML
+  gone, say) decays on those that are known, once at least one is known and
+  none holds; the transition's rule names what was unknown
+  ("recovered (free_ratio unknown)"), so nobody reads it as a full recovery.
+- Lost telemetry of a live engine holds the level (it is its own alert); an
+  engine whose process is dead or hung (``phase``, from
+  ``policy/lifecycle.py``) is L3 whether or not its telemetry is lost, since
+  a dead vLLM answers nothing at all.
 - ``force`` pins a level until ``clear``; every change is one ``Transition``
   with the rule and the numbers behind it.
 
@@ -59,7 +65,7 @@ class BreakerParams:
     l3_exit_free_ratio: float = 0.15
     l3_storm_preemptions_per_second: float = 2.0
     l3_calm_preemptions_per_second: float = 0.5
-    l3_dead_after_polls: int = 3  # /health failing this many polls in a row is a dead engine
+    l3_dead_after_polls: int = 3  # answers failing this many polls in a row (process alive: a hang; unknown: dead)
     l1_sustain_seconds: float = 10.0
     l2_sustain_seconds: float = 30.0
     l3_sustain_seconds: float = 5.0
@@ -84,7 +90,8 @@ class Evidence:
     free_ratio: float | None = None  # lowest NVML free / total over the engine's GPUs
     expected_free_ratio: float | None = None  # what the engine's configuration leaves free (see module doc)
     gpu_memory_utilization: float | None = None  # the engine's vLLM setting, from cache_config_info
-    health_failures: int | None = None  # /health failures in a row
+    health_failures: int | None = None  # polls in a row without an answer
+    phase: str | None = None  # the engine's lifecycle phase (starting, up, unresponsive, dead); None: unknown
     oom: bool | None = None  # the engine died with its GPU memory exhausted
     preemptions_per_second: float | None = None
     telemetry_lost: bool = False
@@ -129,38 +136,40 @@ def _enter_rules(e: Evidence, p: BreakerParams) -> dict[str, tuple[Level, bool |
     def below(value: float | None, limit: float) -> bool | None:
         return None if value is None else value < limit
 
-    dead = None if e.health_failures is None else e.health_failures >= p.l3_dead_after_polls
+    down = None if e.phase is None else e.phase
     return {
         "fragmentation": (Level.L1, above(e.fragmentation_ratio, p.l1_enter_fragmentation_ratio)),
         "kv_usage": (Level.L2, above(e.kv_usage, p.l2_enter_kv_usage_ratio)),
         "over_budget": (Level.L2, above(e.over_budget_ratio, p.l2_budget_margin_ratio)),
         "free_reserve": (Level.L3, below(e.free_ratio, reserve(e, p)[0])),
-        "engine_dead": (Level.L3, dead),
+        "engine_dead": (Level.L3, None if down is None else down == "dead"),
+        "engine_unresponsive": (Level.L3, None if down is None else down == "unresponsive"),
         "oom": (Level.L3, e.oom),
         "preemption_storm": (Level.L3, above(e.preemptions_per_second, p.l3_storm_preemptions_per_second)),
     }
 
 
-def _stays(level: Level, e: Evidence, p: BreakerParams) -> bool | None:
-    """Whether the level's stay conditions still hold; None when they cannot be evaluated."""
+def _stays(level: Level, e: Evidence, p: BreakerParams) -> tuple[bool | None, list[str]]:
+    """Whether the level's stay conditions still hold (None: none can be evaluated), and the ones that are unknown."""
     if level == Level.L1:
-        checks = [None if e.fragmentation_ratio is None else e.fragmentation_ratio >= p.l1_exit_fragmentation_ratio]
+        checks = {"fragmentation_ratio": None if e.fragmentation_ratio is None else e.fragmentation_ratio >= p.l1_exit_fragmentation_ratio}
     elif level == Level.L2:
-        checks = [
-            None if e.kv_usage is None else e.kv_usage >= p.l2_exit_kv_usage_ratio,
-            None if e.over_budget_ratio is None else e.over_budget_ratio > p.l2_budget_margin_ratio,
-        ]
+        checks = {
+            "kv_usage": None if e.kv_usage is None else e.kv_usage >= p.l2_exit_kv_usage_ratio,
+            "over_budget_ratio": None if e.over_budget_ratio is None else e.over_budget_ratio > p.l2_budget_margin_ratio,
+        }
     elif level == Level.L3:
-        checks = [
-            None if e.free_ratio is None else e.free_ratio < reserve(e, p)[1],
-            None if e.health_failures is None else e.health_failures > 0,
-            None if e.preemptions_per_second is None else e.preemptions_per_second > p.l3_calm_preemptions_per_second,
-        ]
+        checks = {
+            "free_ratio": None if e.free_ratio is None else e.free_ratio < reserve(e, p)[1],
+            "phase": None if e.phase is None else e.phase != "up",
+            "preemptions_per_second": None if e.preemptions_per_second is None else e.preemptions_per_second > p.l3_calm_preemptions_per_second,
+        }
     else:
-        return False
-    if any(c is True for c in checks):
-        return True
-    return None if any(c is None for c in checks) else False
+        return False, []
+    unknown = [name for name, c in checks.items() if c is None]
+    if any(c is True for c in checks.values()):
+        return True, unknown
+    return (None if len(unknown) == len(checks) else False), unknown
 
 
 def _numbers(e: Evidence) -> dict[str, float | int | None]:
@@ -177,7 +186,8 @@ def _numbers(e: Evidence) -> dict[str, float | int | None]:
 def step(state: BreakerState, e: Evidence, t: float, p: BreakerParams) -> tuple[BreakerState, Transition | None]:
     since = t if state.since is None else state.since
     state = replace(state, since=since)
-    if state.forced or e.telemetry_lost:
+    blind = e.telemetry_lost and e.phase not in ("dead", "unresponsive")  # a dead engine answers nothing: not blindness
+    if state.forced or blind:
         return replace(state, pending={}, clear_since=None), None  # pinned, or blind: hold the level
     rules = _enter_rules(e, p)
     pending = {name: state.pending.get(name, t) for name, (_, holds) in rules.items() if holds}
@@ -190,13 +200,14 @@ def step(state: BreakerState, e: Evidence, t: float, p: BreakerParams) -> tuple[
     if target > state.level:
         transition = Transition(t, state.level, target, rule, _numbers(e))
         return BreakerState(level=target, since=t, pending=pending), transition
-    stays = _stays(state.level, e, p)
+    stays, unknown = _stays(state.level, e, p)
     if state.level == Level.L0 or stays is not False:
         return replace(state, pending=pending, clear_since=None), None
     clear_since = state.clear_since if state.clear_since is not None else t
     if t - clear_since >= p.exit_hold(state.level) and t - since >= p.exit_hold(state.level):
         lower = Level(state.level - 1)
-        transition = Transition(t, state.level, lower, "recovered", _numbers(e))
+        rule = f"recovered ({', '.join(unknown)} unknown)" if unknown else "recovered"
+        transition = Transition(t, state.level, lower, rule, _numbers(e))
         return BreakerState(level=lower, since=t, pending=pending), transition
     return replace(state, pending=pending, clear_since=clear_since), None
 

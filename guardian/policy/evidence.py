@@ -1,9 +1,10 @@
 """What the breaker is told about an engine: its readings of one poll, as ``Evidence``.
 
 Pure: the poll's sample, signals and memory report in, evidence out. The
-only memory across polls is the count of /health failures in a row and the
-GPU's free share at the previous poll (to tell an OOM from a crash), which
-the caller keeps in ``EvidenceMemory``.
+only memory across polls is each engine's lifecycle (``policy/lifecycle.py``:
+starting, up, unresponsive, dead) and the GPU's free share at the previous
+poll (to tell an OOM from a crash), which the caller keeps in
+``EvidenceMemory``.
 """
 
 from __future__ import annotations
@@ -12,26 +13,27 @@ from dataclasses import dataclass, field
 
 from guardian.analysis.engine_stats import EngineSignals
 from guardian.analysis.memory import MemoryReport
+from guardian.policy import lifecycle
 from guardian.policy.breaker import Evidence
+from guardian.policy.lifecycle import Lifecycle, LifecycleParams
 from guardian.sample import EngineReading, Sample
 
 
 @dataclass
 class EvidenceMemory:
-    health_failures: dict[str, int] = field(default_factory=dict)
+    lifecycles: dict[str, Lifecycle] = field(default_factory=dict)
     free_ratio: dict[str, float] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
 
 
 def evidence(
-    name: str, sample: Sample, sig: EngineSignals, memory: MemoryReport | None, past: EvidenceMemory, oom_free_ratio: float
-) -> Evidence:
+    name: str, sample: Sample, sig: EngineSignals, memory: MemoryReport | None, past: EvidenceMemory,
+    oom_free_ratio: float, life: LifecycleParams = LifecycleParams(),
+) -> Evidence:  # fmt: skip
     reading = sample.engine(name)
     assert reading is not None
-    failures_before = past.health_failures.get(name, 0)
-    failures = _health_failures(reading, failures_before)
-    if failures is not None:
-        past.health_failures[name] = failures
+    before = past.lifecycles.get(name, Lifecycle())
+    now = past.lifecycles[name] = lifecycle.step(before, observation(reading, sample.wall), sample.t, life)
     place = memory.placement.get(name) if memory else None
     util = next((c.gpu_memory_utilization for c in reading.cores if c.gpu_memory_utilization), None)
     free = None
@@ -49,7 +51,7 @@ def evidence(
     # an OOM: the engine died or restarted while its GPUs were out of memory the poll before
     restarted = sig.restarts_total > past.restarts.get(name, sig.restarts_total)
     past.restarts[name] = sig.restarts_total
-    died = restarted or (failures == 1 and failures_before == 0)
+    died = restarted or (now.failures == 1 and before.failures == 0) or (now.phase == "dead" and before.phase != "dead")
     previous_free = past.free_ratio.get(name)
     oom = None if previous_free is None else (died and previous_free < oom_free_ratio)
     if free is not None:
@@ -62,17 +64,18 @@ def evidence(
         free_ratio=free,
         expected_free_ratio=expected_free,
         gpu_memory_utilization=util,
-        health_failures=failures,
+        health_failures=now.failures,
+        phase=now.phase,
         oom=oom,
         preemptions_per_second=sig.preemptions_per_second,
         telemetry_lost=sig.telemetry_lost,
     )
 
 
-def _health_failures(reading: EngineReading, before: int) -> int | None:
-    """/health failures in a row: an answer that is not 200, or nothing listening; None: no answer."""
-    if reading.healthy is True:
-        return 0
-    if reading.healthy is False or reading.error_kind == "refused":
-        return before + 1
-    return None
+def observation(reading: EngineReading, wall: float) -> lifecycle.Observation:
+    """An answer is /health 200, or /metrics scraped when /health was not asked or gave no verdict."""
+    answered = reading.healthy is True or (reading.healthy is None and reading.up and reading.error_kind is None)
+    return lifecycle.Observation(
+        answered=answered, refused=reading.error_kind == "refused", process_alive=reading.process_alive,
+        process_started=reading.process_started, wall=wall,
+    )  # fmt: skip

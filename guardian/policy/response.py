@@ -14,7 +14,7 @@ Its outputs are ``Action`` values; carrying them out is the executor's job.
 | entering L1 or L2 | warn |
 | entering L3 | page |
 | L3 by OOM or the free reserve | drained restart with a lower ``--gpu-memory-utilization`` so the reserve stays free |
-| L3 with /health failing | restart the wedged engine (again after each failed try: a crash loop) |
+| L3 with the engine dead or unresponsive | restart it (again after each failed try: a crash loop) |
 | L2's evidence held for ``degrade_after_seconds`` | drained restart with the degraded profile |
 | L0 for ``restore_after_seconds`` while degraded | drained restart with the normal profile |
 | back to L0 | resolved message |
@@ -35,6 +35,7 @@ from typing import Any, Literal, Mapping
 
 from guardian.policy import breaker
 from guardian.policy.breaker import BreakerParams, BreakerState, Evidence, Level, Transition
+from guardian.policy.lifecycle import DOWN
 
 PRESSURE_RULES = ("kv_usage", "over_budget")  # L2's rules: what the degraded profile answers
 ActionKind = Literal["gates", "reset_prefix_cache", "notify", "restart", "tune"]
@@ -110,7 +111,7 @@ def respond(
         if not restart_finished:
             actions.append(_notify(name, state.breaker.level, "page", "restart_failed", "the restart did not bring the engine back"))
     state = replace(state, restarts=tuple(r for r in state.restarts if t - r < rp.restart_budget_window_seconds))
-    seen = e if state.restarting is None else replace(e, telemetry_lost=True)  # paused, then down: on purpose
+    seen = e if state.restarting is None else replace(e, telemetry_lost=True, phase="starting")  # paused, then down: on purpose
     b, transition = breaker.step(state.breaker, seen, t, bp)
     state = replace(state, breaker=b)
     if transition is not None:
@@ -173,8 +174,8 @@ def _wanted_restart(
     if b.level == Level.L3:
         if tr is not None and tr.target == Level.L3 and tr.rule in ("oom", "free_reserve"):
             return tr.rule, s.degraded, lowered_utilization(s, e, bp, rp)
-        if e.health_failures is not None and e.health_failures >= bp.l3_dead_after_polls:
-            return "engine_dead", s.degraded, s.gpu_memory_utilization
+        if e.phase in DOWN:
+            return f"engine_{e.phase}", s.degraded, s.gpu_memory_utilization
     pressure = [b.pending[r] for r in PRESSURE_RULES if r in b.pending]  # since when L2's evidence holds
     if b.level >= Level.L2 and not s.degraded and pressure and t - min(pressure) >= rp.degrade_after_seconds:
         return "degrade", True, s.gpu_memory_utilization
@@ -244,6 +245,7 @@ RULE_NUMBER = {
     "free_reserve": "free_ratio",
     "oom": "free_ratio",
     "engine_dead": "health_failures",
+    "engine_unresponsive": "health_failures",
     "preemption_storm": "preemptions_per_second",
 }
 
@@ -258,7 +260,7 @@ def numbers_text(rule: str, numbers: Mapping[str, float | int | None]) -> tuple[
 
 
 def _number(key: str, value: float | int) -> str:
-    label = {"kv_usage": "kv", "health_failures": "/health failures", "preemptions_per_second": "preemptions/s"}.get(
+    label = {"kv_usage": "kv", "health_failures": "polls without an answer", "preemptions_per_second": "preemptions/s"}.get(
         key, key.removesuffix("_ratio").replace("_", " "))  # fmt: skip
     if key.endswith("_ratio") or key == "kv_usage":
         return f"{label} {value * 100:.1f}%"

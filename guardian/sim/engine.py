@@ -113,8 +113,6 @@ class EngineModel:
         """Why a new request would be refused now (vLLM answers 503), or None."""
         if self.sleep_level:
             return "the engine is sleeping"
-        if self.paused in ("abort", "wait"):
-            return "generation is paused"
         return None
 
     def submit(self, request: SimRequest) -> None:

@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 from guardian.actions.engine_args import EngineArgs
+from guardian.actions.launcher import ProcessStatus
 from guardian.actions.outcome import Outcome
 from guardian.sim.engine import EngineModel, EngineParams
 from guardian.sim.server import SimServer
@@ -67,4 +68,7 @@ class SimLauncher:
         return Outcome("restart", "done", f"simulated engine restarting ({self.load_seconds:g}s to load)")
 
     async def alive(self) -> bool | None:
-        return not self.server.dead
+        return not self.server.exited
+
+    def status(self) -> ProcessStatus:
+        return ProcessStatus(not self.server.exited, self.server.process_started)

