@@ -158,6 +158,8 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--no-load", action="store_true", help="serve without generating load")
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--ports-file", type=Path, metavar="PATH", help="write the servers' URLs here, one per line, once listening")
+    sim.add_argument("--load-seconds", type=float, default=0.0, metavar="S",
+                     help="refuse connections this long before listening, as vLLM does while it loads its model (default: 0)")
     sim.add_argument("engine_args", nargs=argparse.REMAINDER, metavar="-- VLLM_ARGS",
                      help="after --: vLLM engine arguments the simulated engines start with (--max-num-seqs 16 --block-size 32 "
                           "--gpu-memory-utilization 0.8 --kv-cache-dtype fp8 --speculative-config JSON): a stand-in for "
@@ -562,6 +564,7 @@ def _test_alert(args: argparse.Namespace) -> int:
 
 def _sim(args: argparse.Namespace) -> int:
     import dataclasses
+    import subprocess
 
     from guardian.actions.engine_args import from_argv, validate
     from guardian.sim.cluster import SimCluster
@@ -582,6 +585,10 @@ def _sim(args: argparse.Namespace) -> int:
         scenario = dataclasses.replace(scenario, engine=engine_params(scenario.engine, engine_args))
 
     async def serve() -> None:
+        core = None
+        if argv:  # a stand-in for `vllm serve`: its engine core is a process of the same group, left behind by kill -9
+            core = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(3600)", "guardian-sim-engine-core"])
+        await asyncio.sleep(args.load_seconds)  # loading: nothing listens yet
         cluster = SimCluster(scenario, engines=args.engines, seed=args.seed)
         ports = [args.port + i for i in range(args.engines)] if args.port else None
         await cluster.start(ports=ports)
@@ -596,6 +603,8 @@ def _sim(args: argparse.Namespace) -> int:
                 await cluster.run_load(None)
         finally:
             await cluster.stop()
+            if core is not None:
+                core.terminate()
 
     asyncio.run(serve())
     return 0

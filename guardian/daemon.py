@@ -31,8 +31,6 @@ import aiohttp
 import psutil
 import pynvml
 from aiohttp import web
-from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from guardian import config as cfg
 from guardian import logs
@@ -62,6 +60,7 @@ from guardian.sources.offloop import OffloopWorker, WorkerBusy
 from guardian.sources.process import ProcessSource
 from guardian.sources.vllm import VllmScraper
 from guardian.state import StateFile
+from guardian.ticker import Ticker
 
 log = logs.get("guardian.daemon")
 
@@ -150,7 +149,8 @@ class Daemon:
         self._record_log = _FailureLog("record")
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
-        self._scheduler: AsyncIOScheduler | None = None
+        self.poller: Ticker | None = None  # the poll, every poll_interval_seconds of the monotonic clock
+        self._notifier_ticker: Ticker | None = None
         self._stop = asyncio.Event()
         self._ready_sent = False
         self._resuming: asyncio.Task[None] | None = None
@@ -174,12 +174,10 @@ class Daemon:
         if self._record is not None:
             self._record.header = record_header(self.config, self.pipeline.host_memory)
         await self._start_http()
-        self._scheduler = AsyncIOScheduler()
-        self._scheduler.add_listener(self._on_missed, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
-        self._schedule()
-        self._scheduler.add_job(self._notify_job, "interval", seconds=NOTIFY_EVERY_SECONDS, id="notify",
-                                max_instances=1, coalesce=True, misfire_grace_time=5)  # fmt: skip
-        self._scheduler.start()
+        self.poller = Ticker(self.config.guardian.poll_interval_seconds, self._poll_job, self._poll_skipped)
+        self._notifier_ticker = Ticker(NOTIFY_EVERY_SECONDS, self._notify_job, self._notify_skipped, at_once=False)
+        self.poller.start()
+        self._notifier_ticker.start()
         wd = watchdog_interval()
         if wd is not None and wd < self.config.guardian.poll_interval_seconds:
             log.warning(
@@ -220,8 +218,9 @@ class Daemon:
             self._stop.set()
 
     async def close(self) -> None:
-        if self._scheduler is not None and self._scheduler.running:
-            self._scheduler.shutdown(wait=False)
+        for ticker in (self.poller, self._notifier_ticker):
+            if ticker is not None:
+                await ticker.stop()
         if self._resuming is not None:
             self._resuming.cancel()
             await asyncio.gather(self._resuming, return_exceptions=True)
@@ -267,21 +266,6 @@ class Daemon:
         bound = sockets[0].getsockname() if sockets else (host, port)
         self.http_address = (bound[0], bound[1])
 
-    def _schedule(self) -> None:
-        assert self._scheduler is not None
-        interval = self.config.guardian.poll_interval_seconds
-        self._scheduler.add_job(
-            self._poll_job,
-            "interval",
-            seconds=interval,
-            id="poll",
-            replace_existing=True,
-            max_instances=1,
-            coalesce=True,
-            misfire_grace_time=max(1, int(interval)),
-            next_run_time=None if self.snapshot else _now(),
-        )
-
     async def _notify_job(self) -> None:
         """Due messages into the outbox, then deliver what the outbox holds (its own job: a slow SMS never delays a poll)."""
         if self.notifications is None:
@@ -297,9 +281,14 @@ class Daemon:
         except Exception:
             log.exception("notify_failed")
 
-    def _on_missed(self, event: JobExecutionEvent) -> None:
+    def _poll_skipped(self) -> None:
         self.metrics.polls_missed.inc()
         log.warning("poll_skipped", reason="the previous poll is still running or the loop was blocked")
+
+    def _notify_skipped(self) -> None:
+        """A hanging SMS provider: counted on its own, never as a missed poll."""
+        self.metrics.notify_overruns.inc()
+        log.warning("notify_skipped", reason="the previous notification run is still sending")
 
     # -- reload ---------------------------------------------------------------
 
@@ -350,8 +339,8 @@ class Daemon:
         if new.guardian.state_dir != old.guardian.state_dir:
             log.warning("config_reload_partial", key="guardian.state_dir", running=str(old.guardian.state_dir),
                         new=str(new.guardian.state_dir), detail="the state directory changes only on restart")  # fmt: skip
-        if self._scheduler is not None and new.guardian.poll_interval_seconds != old.guardian.poll_interval_seconds:
-            self._schedule()
+        if self.poller is not None:
+            self.poller.interval = new.guardian.poll_interval_seconds  # from the next tick on
         self.metrics.reloads.labels("applied").inc()
         log.info("config_reloaded", config=str(self.config_path), engines=[e.name for e in new.engines])
         self.notifier.ready(self._status_line())
@@ -474,6 +463,7 @@ class Daemon:
             tuners=dict(self.pipeline.tuners),
             tuner_limits=dict(self.pipeline.tuner_limits),
             tuner_holds=dict(self.pipeline.tuner_holds),
+            phases={name: self.pipeline.phase(name) for name in self.pipeline.states},
         )
 
     def _refused(self, token: str | None) -> tuple[int, dict[str, Any]] | None:
@@ -660,7 +650,7 @@ class Daemon:
                             {"page": n.page_valid_seconds, "warning": n.warning_valid_seconds, "info": n.warning_valid_seconds})  # fmt: skip
         deliverers = dict(self._deliverers) if self._deliverers is not None else self._channels(config)
         state_dir = config.guardian.state_dir
-        return Notifications(settings, StateFile(state_dir / ALERTS_FILE), Outbox(state_dir / "outbox"), deliverers,
+        return Notifications(settings, StateFile(state_dir / ALERTS_FILE), Outbox(state_dir / "outbox", self.metrics.outbox_quarantined.inc), deliverers,
                              on_result=lambda ch, outcome, reason: self.metrics.notifications.labels(ch, outcome, reason).inc())  # fmt: skip
 
     def _channels(self, config: cfg.Config) -> dict[str, Deliverer]:
@@ -885,6 +875,3 @@ def _wall(sample: Sample, t: float) -> str:
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)

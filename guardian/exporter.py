@@ -13,7 +13,7 @@ import math
 import platform
 import time
 from dataclasses import asdict
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable, get_args
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from guardian import __version__
+from guardian.policy.lifecycle import Phase
 from guardian.snapshot import PolicyView, Snapshot
 
 
@@ -75,6 +76,13 @@ class Metrics:
             "guardian_notifications", "Messages to people, by channel and outcome (sent, retried, dropped, failed) and reason.",
             ["channel", "outcome", "reason"], registry=r,
         )  # fmt: skip
+        self.outbox_quarantined = Counter(
+            "guardian_outbox_quarantined", "Outbox files set aside because they could not be read back as a message.", registry=r
+        )
+        self.notify_overruns = Counter(
+            "guardian_notify_overruns", "Notification runs skipped because the previous one (a slow provider) still ran.",
+            registry=r,
+        )
         self.outbox_depth = Gauge("guardian_outbox_messages", "Messages in the durable outbox, not yet delivered.", registry=r)
         self.outbox_oldest = Gauge(
             "guardian_outbox_oldest_age_seconds", "Age of the oldest message in the outbox (0 when empty).", registry=r
@@ -183,10 +191,15 @@ def _engine_metrics(snap: Snapshot) -> list[Metric]:
     rss = _gauge("guardian_engine_resident_memory_bytes", "Host RSS of the engine's process tree.", e)
     gpu_mem = _gauge("guardian_engine_gpu_memory_used_bytes", "NVML memory used by the engine's processes.", e)
     cpu = CounterMetricFamily("guardian_engine_cpu_seconds", "CPU time of the engine's live processes.", labels=e)
+    phase = _gauge("guardian_engine_phase", "1 for the engine's lifecycle phase: starting, up, unresponsive or dead.", ["engine", "phase"])
     for reading in snap.sample.engines:
         name = reading.name
         sig = snap.engines.get(name)
         lab = [name]
+        now = snap.policy.phases.get(name) if snap.policy else None
+        if now is not None:
+            for each in get_args(Phase):
+                phase.add_metric([name, each], 1.0 if each == now else 0.0)
         up.add_metric(lab, 1.0 if reading.up else 0.0)
         _put(healthy, lab, reading.healthy)
         _put(scrape, lab, reading.scrape_seconds)
@@ -218,7 +231,7 @@ def _engine_metrics(snap: Snapshot) -> list[Metric]:
         _put(gpu_mem, lab, sig.gpu_memory_bytes)
         _put(cpu, lab, sig.cpu_seconds)
     return [up, healthy, lost, fails, scrape, kv, running, waiting, block, blocks, *latency.values(), observed,
-            prompt, gen, reqs, preempt, spec, restarts, procs, rss, gpu_mem, cpu]  # fmt: skip
+            prompt, gen, reqs, preempt, spec, restarts, procs, rss, gpu_mem, cpu, phase]  # fmt: skip
 
 
 def _memory_metrics(snap: Snapshot) -> list[Metric]:
@@ -437,6 +450,7 @@ def _engine_status(snap: Snapshot, name: str) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "name": name,
         "url": snap.urls.get(name),
+        "phase": snap.policy.phases.get(name) if snap.policy else None,
         "up": reading.up,
         "healthy": reading.healthy,
         "error": reading.error,

@@ -24,6 +24,7 @@ class PolicyView:
     tuners: dict[str, TunerState] = field(default_factory=dict)
     tuner_limits: dict[str, Limits] = field(default_factory=dict)
     tuner_holds: dict[str, str | None] = field(default_factory=dict)
+    phases: dict[str, str | None] = field(default_factory=dict)  # lifecycle: starting, up, unresponsive, dead
 
 
 @dataclass(frozen=True, slots=True)

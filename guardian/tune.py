@@ -77,6 +77,7 @@ class Measurement:
     requests_per_second: float  # finished over the time from the first arrival to the last answer, as vLLM's benchmarks count
     tokens_per_second: float
     error: str | None = None  # the point could not be measured (vLLM refused its arguments, did not start)
+    failure: str | None = None  # why the first failed request failed (HTTP status and vLLM's message, or the error)
 
     def meets(self, slo_seconds: float) -> bool:
         return self.error is None and self.failed == 0 and self.p99_ttft_seconds is not None and self.p99_ttft_seconds <= slo_seconds
@@ -168,7 +169,7 @@ def append_result(path: Path, m: Measurement) -> None:
 # -- the load: one rate against one engine ----------------------------------------------------------
 
 
-async def measure(session: aiohttp.ClientSession, url: str, model: str, api_key: str | None, reqs: list[Request],
+async def measure(session: aiohttp.ClientSession, url: str, served: Served, api_key: str | None, reqs: list[Request],
                   rate: float, seconds: float, seed: int, point: str, finish_seconds: float = 120.0) -> Measurement:  # fmt: skip
     """Open-loop Poisson arrivals at ``rate`` for ``seconds``; then wait for the stragglers (at most ``finish_seconds``)."""
     rng = random.Random(seed)
@@ -176,12 +177,19 @@ async def measure(session: aiohttp.ClientSession, url: str, model: str, api_key:
     ttfts: list[float] = []
     tokens = 0
     failed = 0
+    failure: str | None = None
     tasks: list[asyncio.Task[None]] = []
-    rng_ids = random.Random(seed + 1)  # the prompt's token ids: arbitrary, but the same every run
+    rng_ids = random.Random(seed + 1)  # the prompt's token ids: drawn from the model's own, the same every run
+
+    def failing(why: str) -> None:
+        nonlocal failed, failure
+        failed += 1
+        failure = failure or why
 
     async def one(req: Request) -> None:
-        nonlocal tokens, failed
-        body = {"model": model, "prompt": [rng_ids.randrange(1000, 20000) for _ in range(req.prompt_tokens)],
+        nonlocal tokens
+        req = served.fit(req)
+        body = {"model": served.model, "prompt": [rng_ids.choice(served.token_ids) for _ in range(req.prompt_tokens)],
                 "max_tokens": req.max_tokens, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}}  # fmt: skip
         sent = time.monotonic()
@@ -190,7 +198,7 @@ async def measure(session: aiohttp.ClientSession, url: str, model: str, api_key:
         try:
             async with session.post(url + "/v1/completions", json=body, headers=headers) as resp:
                 if resp.status != 200:
-                    failed += 1
+                    failing(f"HTTP {resp.status}: {_message(await resp.text())}")
                     return
                 async for raw in resp.content:
                     line = raw.decode("utf-8", "replace").strip()
@@ -200,11 +208,11 @@ async def measure(session: aiohttp.ClientSession, url: str, model: str, api_key:
                     if first is None and any(c.get("text") for c in chunk.get("choices") or ()):
                         first = time.monotonic()
                     usage = chunk.get("usage") or usage
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, json.JSONDecodeError):
-            failed += 1
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
+            failing(f"{type(exc).__name__}: {exc}"[:200])
             return
         if first is None:
-            failed += 1
+            failing("the stream ended without a token")
             return
         ttfts.append(first - sent)
         tokens += int(usage["completion_tokens"]) if usage else req.max_tokens
@@ -218,6 +226,8 @@ async def measure(session: aiohttp.ClientSession, url: str, model: str, api_key:
         tasks.append(asyncio.create_task(one(reqs[i % len(reqs)])))
         i += 1
     done, pending = await asyncio.wait(tasks, timeout=finish_seconds) if tasks else (set(), set())
+    if pending:
+        failure = failure or f"{len(pending)} requests unfinished {finish_seconds:g}s after the last arrival"
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
@@ -227,19 +237,64 @@ async def measure(session: aiohttp.ClientSession, url: str, model: str, api_key:
         point=point, rate=rate, seconds=round(elapsed, 2), sent=len(tasks), finished=finished, failed=failed + len(pending),
         p50_ttft_seconds=quantile(ttfts, 0.5), p99_ttft_seconds=quantile(ttfts, 0.99),
         requests_per_second=round(finished / elapsed, 3), tokens_per_second=round(tokens / elapsed, 1),
+        failure=failure,
     )  # fmt: skip
 
 
-async def model_of(session: aiohttp.ClientSession, url: str, api_key: str | None) -> str:
+def _message(body: str) -> str:
+    """vLLM's own error message out of its JSON error body, else the body's start."""
+    try:
+        doc = json.loads(body)
+        error = doc.get("error", doc) if isinstance(doc, dict) else doc
+        text = error.get("message") if isinstance(error, dict) else None
+        return str(text or body)[:200]
+    except ValueError:
+        return body[:200]
+
+
+# seeded pseudo-text: its token ids are ids the served tokenizer really produces, whatever its vocabulary
+VOCABULARY_TEXT = " ".join(
+    "".join(random.Random(i).choices("etaoinshrdlcumwfgypbvkjxqz", k=3 + i % 7)) for i in range(600)
+) + " The quick brown fox jumps over the lazy dog. 0123456789 ,.;:!?()[]{}"
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the engine serves: the model's name, token ids its tokenizer produces, and its context length."""
+
+    model: str
+    token_ids: list[int]
+    max_model_len: int | None
+
+    def fit(self, req: Request) -> Request:
+        """The request shortened to fit the model's context (vLLM refuses one that does not)."""
+        if self.max_model_len is None or req.prompt_tokens + req.max_tokens <= self.max_model_len:
+            return req
+        out = min(req.max_tokens, self.max_model_len // 4)
+        return Request(max(1, self.max_model_len - out - 1), out)
+
+
+async def served_by(session: aiohttp.ClientSession, url: str, api_key: str | None) -> Served:
+    """The served model (``/v1/models``) and its tokenizer's ids (``/tokenize``): prompts only of ids the model has."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with session.get(url + "/v1/models", headers=headers) as resp:
         if resp.status != 200:
             raise TuneError(f"GET {url}/v1/models answered HTTP {resp.status}")
         data = await resp.json()
-    models = [m.get("id") for m in data.get("data", [])]
+    models = data.get("data") or []
     if not models:
         raise TuneError(f"{url} serves no model")
-    return str(models[0])
+    model = str(models[0].get("id"))
+    async with session.post(url + "/tokenize", json={"model": model, "prompt": VOCABULARY_TEXT}, headers=headers) as resp:
+        if resp.status != 200:
+            raise TuneError(f"POST {url}/tokenize answered HTTP {resp.status}: guardian tune draws its prompts from the "
+                            "ids the served tokenizer gives, so that every id exists in the model's vocabulary")  # fmt: skip
+        tokenized = await resp.json()
+    ids = sorted({int(t) for t in tokenized.get("tokens") or ()})
+    if not ids:
+        raise TuneError(f"POST {url}/tokenize gave no token ids")
+    length = tokenized.get("max_model_len") or models[0].get("max_model_len")
+    return Served(model, ids, int(length) if length else None)
 
 
 # -- the search --------------------------------------------------------------------------------------
@@ -283,14 +338,15 @@ async def run(search: Search, restart: Restart, out: TextIO | None = None) -> li
                 append_result(search.results_path, m)
                 print(f"    not measured: {m.error}", file=out, flush=True)
                 continue
-            model = await model_of(session, search.url, search.api_key)
+            served = await served_by(session, search.url, search.api_key)
             for rate in search.rates:
                 if (point.key, rate) in have:
                     continue
-                m = await measure(session, search.url, model, search.api_key, search.reqs, rate, search.seconds,
+                m = await measure(session, search.url, served, search.api_key, search.reqs, rate, search.seconds,
                                   search.seed, point.key)  # fmt: skip
                 append_result(search.results_path, m)
-                verdict = "ok" if m.meets(search.slo_seconds) else "missed the SLO"
+                verdict = "ok" if m.meets(search.slo_seconds) else (
+                    f"failed ({m.failure})" if m.failed else "missed the SLO")  # fmt: skip
                 print(f"    {rate:g} req/s: p99 ttft {_ms(m.p99_ttft_seconds)}, {m.requests_per_second:.2f} req/s, "
                       f"{m.tokens_per_second:.0f} tok/s, {m.failed} failed: {verdict}", file=out, flush=True)  # fmt: skip
                 if not m.meets(search.slo_seconds):

@@ -103,8 +103,8 @@ def test_unknown_data_never_escalates() -> None:
     assert state.level == Level.L0 and transitions == []
 
 
-def test_unknown_data_never_de_escalates() -> None:
-    state, _ = run([(31, ev(kv_usage=0.95)), (1000, ev(kv_usage=None, over_budget_ratio=None))])
+def test_a_level_with_nothing_known_never_de_escalates() -> None:
+    state, _ = run([(31, ev(kv_usage=0.95)), (1000, Evidence())])
     assert state.level == Level.L2
 
 
@@ -134,9 +134,16 @@ def test_a_level_entered_on_evidence_now_unknown_decays_on_what_is_known() -> No
     state, _ = run([(P.l3_sustain_seconds + 1, ev(free_ratio=0.02))])
     assert state.level == Level.L3
     no_nvml = ev(free_ratio=None, over_budget_ratio=None)
-    state, transitions = run([(P.l3_exit_hold_seconds + P.l2_exit_hold_seconds + 20, no_nvml)], state)
+    no_nvml = ev(free_ratio=None, over_budget_ratio=None, fragmentation_ratio=None)
+    holds = P.l3_exit_hold_seconds + P.l2_exit_hold_seconds + P.l1_exit_hold_seconds
+    state, transitions = run([(holds + 30, no_nvml)], state)
+    assert state.level == Level.L0
+    assert [tr.rule for tr in transitions] == ["recovered (free_ratio unknown)", "recovered (over_budget_ratio unknown)",
+                                               "recovered (fragmentation_ratio unknown)"]  # fmt: skip
+    # L1 with nothing known at all stays
+    state, _ = run([(P.l1_sustain_seconds + 1, ev(fragmentation_ratio=0.5))])
+    state, _ = run([(1000, Evidence())], state)
     assert state.level == Level.L1
-    assert [tr.rule for tr in transitions] == ["recovered (free_ratio unknown)", "recovered (over_budget_ratio unknown)"]
     # a level with any stay condition still holding does not decay, known or not
     state, _ = run([(P.l3_sustain_seconds + 1, ev(free_ratio=0.02))])
     state, _ = run([(1000, ev(free_ratio=None, phase="unresponsive"))], state)

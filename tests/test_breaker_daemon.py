@@ -36,7 +36,7 @@ def _config(cluster: SimCluster, state_dir: Path, token_file: Path | None) -> cf
 async def _daemon(config: cfg.Config, cluster: SimCluster) -> Daemon:
     daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""))
     await daemon.start()
-    daemon._scheduler.pause()  # type: ignore[union-attr]  # the test drives the polls
+    daemon.poller.pause()  # type: ignore[union-attr]  # the test drives the polls
     await daemon.poll_once()
     return daemon
 

@@ -14,6 +14,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from guardian import config as cfg
@@ -150,3 +151,48 @@ async def test_a_crash_loop_on_the_simulator_stops_at_the_restart_budget_and_hol
     assert 'guardian_restarts_total{engine="sim0",why="engine_dead"} 2.0' in page
     assert 'guardian_actions_total{engine="sim0",kind="restart",outcome="failed"} 2.0' in page
     assert 'guardian_restart_budget_remaining{engine="sim0"} 0.0' in page
+
+
+async def test_a_crashed_engine_is_noticed_restarted_and_paged_though_its_telemetry_is_lost(tmp_path: Path) -> None:
+    # the default three failed scrapes mark telemetry lost long before engine_dead's sustain: dead still wins
+    cluster = SimCluster(scenarios.get("steady"), engines=1, seed=9)
+    await cluster.start()
+    server = cluster.servers[0]
+    config = _fast(cluster, tmp_path / "state", dry_run=False)
+    assert config.guardian.telemetry_lost_after_polls == 3
+    launcher = SimLauncher(server, load_seconds=1.0, seed=9)
+    daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""), launchers={"sim0": launcher})
+    await daemon.start()
+    try:
+        await wait_until(lambda: daemon.pipeline.phase("sim0") == "up", 10)
+        server.crash()  # /health 503 for a moment, then the server exits: refused from then on
+        assert await wait_until(lambda: daemon.pipeline.states["sim0"].restarting is not None, 30)
+        phases_seen = {daemon.pipeline.phase("sim0")}
+        assert await wait_until(lambda: daemon.pipeline.phase("sim0") == "up" and server.restarts == 1, 30)
+        page = daemon.metrics.render().decode()
+    finally:
+        await daemon.close()
+        await cluster.stop()
+    assert phases_seen <= {"dead", "unresponsive", "starting"}
+    # /health 503 while the process lives is a hang; the process gone, dead: which comes first depends on the poll
+    why = "engine_dead" if 'why="engine_dead"' in page else "engine_unresponsive"
+    assert f'guardian_restarts_total{{engine="sim0",why="{why}"}} 1.0' in page
+    assert 'guardian_actions_total{engine="sim0",kind="notify",outcome="done"}' in page  # the L3 page
+    assert f'guardian_breaker_transitions_total{{engine="sim0",from="L0",reason="{why}",to="L3"}} 1.0' in page
+
+
+async def test_an_engine_left_paused_is_resumed_when_guardian_starts(tmp_path: Path) -> None:
+    cluster = SimCluster(scenarios.get("steady"), engines=1, seed=4)
+    await cluster.start()
+    server = cluster.servers[0]
+    async with aiohttp.ClientSession() as http:  # as a guardian killed during a drain leaves it
+        async with http.post(server.url + "/pause?mode=wait") as resp:
+            assert resp.status == 200
+    daemon = Daemon(_fast(cluster, tmp_path / "state", dry_run=False), nvml_module=cluster.nvml, notifier=Notifier(address=""))
+    await daemon.start()
+    try:
+        resumed = await wait_until(lambda: server.engine.paused is None, 10)
+    finally:
+        await daemon.close()
+        await cluster.stop()
+    assert resumed

@@ -47,7 +47,7 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 async def _daemon(config: cfg.Config, cluster: SimCluster, notifier: Notifier | None = None) -> Daemon:
     daemon = Daemon(config, nvml_module=cluster.nvml, notifier=notifier or Notifier(address=""))
     await daemon.start()
-    daemon._scheduler.pause()  # the tests drive polls themselves
+    daemon.poller.pause()  # the tests drive polls themselves
     return daemon
 
 
@@ -322,7 +322,7 @@ async def test_a_record_file_that_cannot_be_written_does_not_stop_the_loop(clust
     daemon = Daemon(_config(cluster), nvml_module=cluster.nvml, notifier=Notifier(address=""),
                     record=SampleRecorder(blocked / "samples.jsonl"))  # fmt: skip
     await daemon.start()
-    daemon._scheduler.pause()
+    daemon.poller.pause()
     try:
         first = await daemon.poll_once()
         second = await daemon.poll_once()

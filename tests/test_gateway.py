@@ -276,3 +276,38 @@ async def test_low_priority_is_not_starved_by_a_stream_of_high(upstreams: dict[s
         await gw.close()
     # one high was in flight when the low queued behind eleven more; every 5th slot goes to the low lane
     assert order.index("low") <= 6, order  # without the fairness it would be last (12)
+
+
+async def test_requests_skip_a_dead_engine_and_with_none_left_get_503_with_retry_after_at_once(upstreams: dict[str, Upstream]) -> None:
+    pool = GatewaySettings(buckets=(Bucket("all", 128000, ("a", "b")),), queue_deadline_seconds=30.0)
+    gw = await _gateway(upstreams, pool)
+    try:
+        async with aiohttp.ClientSession() as http:
+            gw.set_available("a", False, "dead")  # the daemon's lifecycle after a poll
+            answers = [await _post(http, gw, {"prompt": "x"}) for _ in range(6)]
+            assert [a[1]["upstream"] for a in answers] == ["b"] * 6  # least loaded would pick "a" first on ties
+            gw.set_available("b", False, "starting")
+            started = asyncio.get_running_loop().time()
+            status, doc, headers = await _post(http, gw, {"prompt": "x"})
+            waited = asyncio.get_running_loop().time() - started
+            gw.set_available("a", True, "up")
+            assert (await _post(http, gw, {"prompt": "x"}))[1]["upstream"] == "a"
+    finally:
+        await gw.close()
+    assert status == 503 and "Retry-After" in headers and waited < 1.0  # not after the 30 s queue deadline
+    assert "a: dead" in doc["error"]["message"] and "b: starting" in doc["error"]["message"]
+
+
+async def test_a_refused_connection_takes_the_engine_out_of_the_pool_until_the_next_poll(upstreams: dict[str, Upstream]) -> None:
+    pool = GatewaySettings(buckets=(Bucket("all", 128000, ("a", "b")),))
+    assert upstreams["a"].runner is not None
+    await upstreams["a"].runner.cleanup()  # "a" is gone: nothing listens there
+    gw = await _gateway(upstreams, pool)
+    try:
+        async with aiohttp.ClientSession() as http:
+            first = await _post(http, gw, {"prompt": "x"})
+            rest = [await _post(http, gw, {"prompt": "x"}) for _ in range(4)]
+    finally:
+        await gw.close()
+    assert first[0] == 502 and gw.down == {"a": "refused"}
+    assert [r[1]["upstream"] for r in rest] == ["b"] * 4

@@ -496,3 +496,19 @@ async def test_the_webhook_channel_posts_json_and_tells_retry_from_refusal() -> 
     assert results == ["sent", "retry", "permanent"]
     assert got[0] == {"to": "alice", "severity": "page", "kind": "firing", "alerts": ["breaker/sim0"], "text": "PAGE sim0 L3",
                       "possibly_duplicate": False, "id": env.id}  # fmt: skip
+
+
+def test_an_outbox_file_of_the_wrong_shape_is_set_aside_loudly_and_the_rest_still_go(tmp_path: Path) -> None:
+    quarantined: list[int] = []
+    box = Outbox(tmp_path / "outbox", on_quarantine=lambda: quarantined.append(1))
+    good = box.new(channel="sms", to="+15550100", severity="page", facts=("PAGE sim0 L3",), keys=("breaker/sim0",),
+                   kind="firing", valid_until=time.time() + 3600)  # fmt: skip
+    box.put(good)
+    bad = json.loads((tmp_path / "outbox" / good.name).read_text())
+    bad.update(id="0000000000000001-bad", attempts="three")  # valid JSON, a field of the wrong type
+    (tmp_path / "outbox" / "0000000000000001-bad.json").write_text(json.dumps(bad))
+    (tmp_path / "outbox" / "0000000000000002-cut.json").write_text('{"id": "0000000000000002-cut", "chan')
+    assert [e.id for e in box.all()] == [good.id]
+    assert len(quarantined) == 2
+    assert sorted(p.name.split(".json")[0] for p in (tmp_path / "outbox").glob("*.corrupt-*")) == [
+        "0000000000000001-bad", "0000000000000002-cut"]  # fmt: skip

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -148,13 +150,16 @@ start_timeout_seconds = 60
         out = capsys.readouterr().out
         assert "best: block 16, max-num-seqs 16, speculation off at 6 req/s" in out
         assert "restarting the engine with its own arguments again" in out
-        pid = int((tmp_path / "e1.pid").read_text().split()[0])
+        pid = json.loads((tmp_path / "e1.pid").read_text())["pid"]
         cmdline = psutil.Process(pid).cmdline()
         assert cmdline[cmdline.index("--max-num-seqs") + 1] == "8" and "--block-size" not in cmdline
+        # each stand-in ran an "engine core" in its group, as vLLM does; every restart stopped the old group whole
+        cores = [p for p in psutil.process_iter() if "guardian-sim-engine-core" in " ".join(p.cmdline())]
+        assert len(cores) == 1 and os.getpgid(cores[0].pid) == pid
     finally:
         pid_file = tmp_path / "e1.pid"
         if pid_file.exists():
             try:
-                psutil.Process(int(pid_file.read_text().split()[0])).kill()
-            except psutil.Error:
+                os.killpg(json.loads(pid_file.read_text())["pid"], signal.SIGKILL)
+            except (OSError, ValueError):
                 pass

@@ -174,11 +174,12 @@ class ChildLauncher:
             self._proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
             return Outcome("restart", "failed", f"cannot start {self.command[0]}: {exc.strerror or exc}")
-        try:
-            started = psutil.Process(self._proc.pid).create_time()
+        try:  # as the kernel tells it after exec: a script's interpreter comes first
+            proc = psutil.Process(self._proc.pid)
+            started, seen = proc.create_time(), tuple(proc.cmdline()) or tuple(argv)
         except psutil.Error:
-            started = 0.0  # exited already: the start wait sees it
-        self._identity = Identity(self._proc.pid, started, tuple(argv))
+            started, seen = 0.0, tuple(argv)  # exited already: the start wait sees it
+        self._identity = Identity(self._proc.pid, started, seen)
         self._save()
         return Outcome("restart", "done", f"{stopped}; started pid {self._proc.pid}")
 
@@ -218,7 +219,7 @@ class ChildLauncher:
             proc = psutil.Process(pid)
             leader = psutil.Process(os.getpgid(pid))
             argv = tuple(leader.cmdline())
-            ours = argv[: len(self.command)] == tuple(self.command)
+            ours = runs(argv, self.command)
             started = leader.create_time()
         except (OSError, psutil.Error):
             return Outcome("start", "refused", f"port {self.port} is taken by pid {pid}, which guardian cannot inspect")
@@ -284,6 +285,12 @@ class ChildLauncher:
             await self._proc.wait()
         what = f"{len(members)} processes of pid {ident.pid}'s group"
         return f"{what} killed after {self.stop_timeout:g}s" if alive else f"{what} stopped"
+
+
+def runs(cmdline: Sequence[str], command: Sequence[str]) -> bool:
+    """Whether a process's command line is ``command`` (and its arguments), perhaps behind a script's interpreter."""
+    n = len(command)
+    return any(list(cmdline[i : i + n]) == list(command) for i in (0, 1))
 
 
 def _signal(proc: psutil.Process, sig: signal.Signals) -> None:

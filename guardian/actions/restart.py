@@ -90,6 +90,8 @@ class DrainedRestart:
                 return None
             if paused.status != "not_enabled":
                 left = await self.load()
+                if paused.status == "failed" and left is None:  # nothing answers: a dead engine holds no requests
+                    return "the engine did not answer /pause (not running): nothing to drain"
                 return f"drain did not finish ({paused.status}); {_count(left)} requests in flight were cut"
         while self.clock() < deadline:
             left = await self.load()

@@ -12,7 +12,10 @@ leaves every message either waiting or done:
   file still saying ``sending`` when guardian starts (it died mid-send):
   ``pending`` and ``possibly_duplicate``, so the text says so when resent;
 - past its validity (a page from last night is noise today) or refused for
-  good: removed, with a log event and a metric, never silently.
+  good: removed, with a log event and a metric, never silently;
+- a file that cannot be read back as a message (not JSON, a field missing or
+  of the wrong type) is set aside as ``NAME.corrupt-TIME`` with a log event
+  and a metric, and every other message goes on being sent.
 """
 
 from __future__ import annotations
@@ -23,9 +26,19 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from guardian import logs
 from guardian.state import atomic_write
+
+log = logs.get("guardian.outbox")
+
+# each field's type as it must come back from disk; a file that disagrees is quarantined, not sent
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "id": str, "channel": str, "to": str, "severity": str, "facts": tuple, "keys": tuple, "kind": str,
+    "created": (int, float), "valid_until": (int, float), "state": str, "attempts": int, "next_try": (int, float),
+    "possibly_duplicate": bool, "max_segments": (int, type(None)), "last_error": (str, type(None)), "extra": dict,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -53,8 +66,9 @@ class Envelope:
 
 
 class Outbox:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, on_quarantine: Callable[[], None] = lambda: None) -> None:
         self.dir = directory
+        self._on_quarantine = on_quarantine  # counted: guardian_outbox_quarantined_total
 
     def new(self, **fields: Any) -> Envelope:
         now = fields.pop("created", time.time())
@@ -94,12 +108,33 @@ class Outbox:
             try:
                 doc = json.loads(path.read_bytes())
                 doc["facts"], doc["keys"] = tuple(doc["facts"]), tuple(doc["keys"])
-                yield Envelope(**doc)
+                env = Envelope(**doc)
+                wrong = [k for k, kind in _TYPES.items() if not _typed(getattr(env, k), kind)]
+                if wrong or not all(isinstance(f, str) for f in env.facts + env.keys):
+                    raise TypeError(f"wrong type in {', '.join(wrong) or 'facts or keys'}")
             except FileNotFoundError:
                 continue
-            except (ValueError, TypeError, KeyError):
-                os.replace(path, path.with_name(f"{name}.corrupt-{int(time.time())}"))  # not retried forever
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                self._quarantine(path, f"{type(exc).__name__}: {exc}")
+                continue
+            yield env
+
+    def _quarantine(self, path: Path, reason: str) -> None:
+        """Set aside where an operator can read it; never retried, never blocking the others."""
+        moved = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+        try:
+            os.replace(path, moved)
+        except OSError as exc:
+            reason += f"; could not be moved aside: {exc.strerror or exc}"
+        log.error("outbox_message_quarantined", file=str(path), moved_to=str(moved), reason=reason[:300],
+                  detail="not sent; the other messages go on")  # fmt: skip
+        self._on_quarantine()
 
     def depth_and_oldest(self, now: float) -> tuple[int, float | None]:
         envs = self.all()
         return len(envs), (now - min(e.created for e in envs)) if envs else None
+
+
+def _typed(value: Any, kind: type | tuple[type, ...]) -> bool:
+    """isinstance, except that true and false are not numbers here."""
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))

@@ -28,8 +28,10 @@ pool eating the headroom, and L2's smaller budget margin fires first.
 - Unknown data never escalates: a reading that is None neither starts nor
   sustains evidence. A level whose stay conditions are partly unknown (NVML
   gone, say) decays on those that are known, once at least one is known and
-  none holds; the transition's rule names what was unknown
-  ("recovered (free_ratio unknown)"), so nobody reads it as a full recovery.
+  none holds; where none of its own is known, on what the engine reports
+  itself (KV usage, its phase, preemptions). The transition's rule names
+  what was unknown ("recovered (free_ratio unknown)"), so nobody reads it
+  as a full recovery. With nothing known at all, the level holds.
 - Lost telemetry of a live engine holds the level (it is its own alert); an
   engine whose process is dead or hung (``phase``, from
   ``policy/lifecycle.py``) is L3 whether or not its telemetry is lost, since
@@ -169,7 +171,20 @@ def _stays(level: Level, e: Evidence, p: BreakerParams) -> tuple[bool | None, li
     unknown = [name for name, c in checks.items() if c is None]
     if any(c is True for c in checks.values()):
         return True, unknown
-    return (None if len(unknown) == len(checks) else False), unknown
+    if len(unknown) < len(checks):
+        return False, unknown
+    # none of the level's own evidence is known (L1's fragmentation needs NVML): the engine's own signals decide
+    known = [c for c in _engine_checks(e, p) if c is not None]
+    return (None if not known else any(known)), unknown
+
+
+def _engine_checks(e: Evidence, p: BreakerParams) -> list[bool | None]:
+    """Pressure the engine itself reports, known without NVML: KV usage, its lifecycle, preemptions."""
+    return [
+        None if e.kv_usage is None else e.kv_usage >= p.l2_exit_kv_usage_ratio,
+        None if e.phase is None else e.phase != "up",
+        None if e.preemptions_per_second is None else e.preemptions_per_second > p.l3_calm_preemptions_per_second,
+    ]
 
 
 def _numbers(e: Evidence) -> dict[str, float | int | None]:

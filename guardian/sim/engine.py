@@ -50,19 +50,30 @@ class EngineParams:
     prefix_cache_hit_ratio: float = 0.2  # share of prompt tokens found in the prefix cache when warm
 
     def cache_config(self) -> dict[str, str]:
-        """The labels vLLM puts on ``vllm:cache_config_info`` (strings; "None" when unset)."""
+        """The labels vLLM 0.33 puts on ``vllm:cache_config_info`` (strings; "None" when unset), all of them."""
         return {
+            **CACHE_CONFIG_LABELS,
             "block_size": str(self.block_size),
-            "cache_dtype": "auto",
-            "enable_prefix_caching": "True",
             "gpu_memory_utilization": str(self.gpu_memory_utilization),
-            "kv_cache_max_concurrency": "None",
             "kv_cache_size_tokens": str(self.num_gpu_blocks * self.block_size),
-            "num_cpu_blocks": "0",
             "num_gpu_blocks": str(self.num_gpu_blocks),
-            "num_gpu_blocks_override": "None",
-            "sliding_window": "None",
         }
+
+
+# vllm:cache_config_info's other labels as vLLM 0.33.0 fills them (tests/test_sim_vs_vllm.py keeps them so)
+CACHE_CONFIG_LABELS = {
+    "_block_size_resolved": "True", "cache_dtype": "auto", "cache_hit_alignment_tokens": "None",
+    "effective_attention_block_size": "None", "enable_mamba_shared_prefix_checkpoint": "False",
+    "enable_prefix_caching": "True", "hash_block_size": "None", "is_attention_free": "False",
+    "kv_cache_dtype_skip_layers": "[]", "kv_cache_layout": "None", "kv_cache_max_concurrency": "None",
+    "kv_cache_memory_bytes": "None", "kv_offloading_backend": "native", "kv_offloading_size": "None",
+    "kv_sharing_fast_prefill": "False", "mamba_block_size": "None", "mamba_cache_dtype": "auto", "mamba_cache_mode": "none",
+    "mamba_page_size_padded": "None", "mamba_ssm_cache_dtype": "auto", "num_cpu_blocks": "0",
+    "num_gpu_blocks_override": "None", "prefix_cache_retention_interval": "0", "prefix_caching_hash_algo": "sha256",
+    "prefix_match_unit": "None", "replayssm_buffer_len": "16", "simple_cpu_offload_num_blocks": "None",
+    "skip_page_size_padded": "None", "sliding_window": "None", "swa_bounded_replay": "True", "use_kda_recoverssm": "False",
+    "use_replayssm": "False", "user_specified_block_size": "True",
+}  # fmt: skip
 
 
 @dataclass(eq=False)
