@@ -1,8 +1,8 @@
 """The imperative shell: read every source each poll, derive signals, export, tell systemd.
 
-The poll is an APScheduler interval job (``max_instances=1``, ``coalesce``):
-a slow poll makes the next one wait or be skipped and counted, never run
-twice at once. Everything that can block (NVML, /proc) runs in worker
+The poll runs on a monotonic ticker (``ticker.py``; a stepped wall clock
+changes nothing): a slow poll makes the next one wait or be skipped and
+counted, never run twice at once. Everything that can block (NVML, /proc) runs in worker
 threads with timeouts; everything that can fail becomes a reading with a
 reason. The watchdog is pinged only from a poll that completed, so a wedged
 loop is restarted by systemd.
@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
-from urllib.parse import urlsplit
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 import aiohttp
 import psutil
@@ -40,6 +40,7 @@ from guardian.actions.launcher import ChildLauncher, Launcher, ProcessStatus, Sy
 from guardian.actions.outcome import Outcome
 from guardian.actions.vllm_admin import VllmAdmin
 from guardian.analysis.memory import MemoryReport
+from guardian.clock import steady_time
 from guardian.exporter import Metrics, make_app
 from guardian.gateway.proxy import GatewayMetrics, GatewayServer, GatewaySettings
 from guardian.policy.buckets import Bucket
@@ -651,7 +652,8 @@ class Daemon:
         deliverers = dict(self._deliverers) if self._deliverers is not None else self._channels(config)
         state_dir = config.guardian.state_dir
         return Notifications(settings, StateFile(state_dir / ALERTS_FILE), Outbox(state_dir / "outbox", self.metrics.outbox_quarantined.inc), deliverers,
-                             on_result=lambda ch, outcome, reason: self.metrics.notifications.labels(ch, outcome, reason).inc())  # fmt: skip
+                             on_result=lambda ch, outcome, reason: self.metrics.notifications.labels(ch, outcome, reason).inc(),
+                             clock=steady_time)  # fmt: skip
 
     def _channels(self, config: cfg.Config) -> dict[str, Deliverer]:
         n = config.notify

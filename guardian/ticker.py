@@ -12,11 +12,11 @@ loop was blocked are skipped, each counted through ``on_skipped``.
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable
+from typing import Any, Callable, Coroutine
 
 
 class Ticker:
-    def __init__(self, interval: float, job: Callable[[], Awaitable[None]], on_skipped: Callable[[], None],
+    def __init__(self, interval: float, job: Callable[[], Coroutine[Any, Any, None]], on_skipped: Callable[[], None],
                  at_once: bool = True) -> None:  # fmt: skip
         self.interval = interval
         self._job = job

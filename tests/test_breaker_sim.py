@@ -196,3 +196,37 @@ async def test_an_engine_left_paused_is_resumed_when_guardian_starts(tmp_path: P
         await daemon.close()
         await cluster.stop()
     assert resumed
+
+
+class _HangingSms:
+    """Twilio that never answers: the notification run hangs in it."""
+
+    channel = "sms"
+
+    async def deliver(self, env: object) -> object:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_hanging_sms_provider_is_counted_as_notify_overruns_never_as_missed_polls(tmp_path: Path) -> None:
+    import time as clock
+
+    from guardian.policy.response import Command
+
+    cluster = SimCluster(scenarios.get("steady"), engines=1, seed=2)
+    await cluster.start()
+    config = _fast(cluster, tmp_path / "state", dry_run=False)
+    notify = config.notify.model_copy(update={"oncall": [cfg.ContactSection(name="alice", number="+15550100")],
+                                              "group_wait_seconds": 0.0})  # fmt: skip
+    config = config.model_copy(update={"notify": notify})
+    daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""), deliverers={"sms": _HangingSms()})
+    await daemon.start()
+    try:
+        daemon._carry_out(daemon.pipeline.command(Command("force", "sim0", "test", 3), clock.monotonic(), clock.time()))
+        await asyncio.sleep(4)
+        page = daemon.metrics.render().decode()
+    finally:
+        await daemon.close()
+        await cluster.stop()
+    overruns = float(page.split("\nguardian_notify_overruns_total ")[1].split()[0])
+    assert overruns >= 2 and "guardian_polls_missed_total 0.0" in page

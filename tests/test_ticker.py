@@ -44,3 +44,14 @@ async def test_a_wall_clock_stepped_back_an_hour_changes_nothing(monkeypatch: py
     await ticker.stop()
     assert before >= 4 and len(runs) - before >= 4  # it kept ticking
     assert runs[-1] < runs[0]  # the jobs did see the stepped clock
+
+
+def test_the_notifiers_clock_does_not_follow_a_stepped_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    from guardian.clock import steady_time
+
+    before = steady_time()
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)  # stepped forward an hour: pages must not expire
+    after = steady_time()
+    assert 0 <= after - before < 1.0
+    assert abs(before - real()) < 5  # still unix seconds, as the outbox keeps them

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import signal
 import os
+import signal
 from dataclasses import asdict
 from pathlib import Path
 
@@ -163,3 +163,31 @@ start_timeout_seconds = 60
                 os.killpg(json.loads(pid_file.read_text())["pid"], signal.SIGKILL)
             except (OSError, ValueError):
                 pass
+
+
+async def test_prompts_are_drawn_from_the_served_tokenizers_ids_and_fitted_to_the_models_length() -> None:
+    import aiohttp
+
+    from guardian.sim.engine import EngineModel
+    from guardian.sim.server import SimServer
+
+    server = SimServer(EngineModel(seed=1))
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            served = await tune.served_by(http, server.url, None)
+    finally:
+        await server.stop()
+    assert served.model == server.engine.params.model_name
+    assert served.token_ids and max(served.token_ids) < 20000  # what the tokenizer gives, not a blind range
+    assert served.max_model_len == server.engine.params.max_model_len
+    too_long = tune.Request(prompt_tokens=served.max_model_len, max_tokens=512)
+    fitted = served.fit(too_long)
+    assert fitted.prompt_tokens + fitted.max_tokens < served.max_model_len and fitted.max_tokens > 0
+    assert served.fit(tune.Request(100, 10)) == tune.Request(100, 10)
+
+
+def test_a_point_that_fails_says_why() -> None:
+    assert tune._message('{"error": {"message": "token id 23999 is out of vocabulary", "code": 400}}') == \
+        "token id 23999 is out of vocabulary"  # fmt: skip
+    assert tune._message("<html>bad gateway</html>") == "<html>bad gateway</html>"

