@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from guardian.actions.engine_args import KV_CACHE_DTYPES, Value, block_size_ok, valid_block_sizes, validate
 from guardian.actions.restart import RestartTimeouts
 from guardian.analysis.leak import LeakParams
+from guardian.gateway import routes
 from guardian.policy.breaker import BreakerParams
 from guardian.policy.profiles import BUILTIN_PRESETS, preset_args
 from guardian.policy.response import ResponseParams
@@ -526,6 +527,18 @@ class GatewaySection(_Model):
     high_priority_keys_file: Path | None = None  # API keys (one a line) whose requests are high priority
     inject_priority: bool = False  # set vLLM's "priority" field (needs --scheduling-policy priority)
     high_priority_engines: list[str] = []  # a dedicated pool for the high lane (its own GPU or MIG slice)
+    extra_paths: list[str] = []  # proxied too (any method), beyond the OpenAI inference paths; never vLLM's admin paths
+
+    @field_validator("extra_paths")
+    @classmethod
+    def _paths(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if not path.startswith("/") or "{" in path or "*" in path:
+                raise Problem(f"{path!r} is not a literal path", 'name each path whole, e.g. "/v1/embeddings"')
+            if routes.admin(path):
+                raise Problem(f"{path!r} is one of vLLM's admin endpoints: the gateway never proxies those (they are "
+                              "unauthenticated: pause, sleep, reset …)", "remove it; guardian calls them itself on loopback")  # fmt: skip
+        return paths
 
     @field_validator("listen")
     @classmethod

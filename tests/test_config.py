@@ -246,6 +246,9 @@ def test_check_config_warns_when_sms_has_no_token(tmp_path: Path) -> None:
          "gateway.buckets", "does not come after"),
         (ENGINE + "[gateway]\nbuckets = []\n", "gateway.buckets", "every request would be refused"),
         (ENGINE + '[gateway]\nlisten = "9401"\n', "gateway.listen", "not HOST:PORT"),
+        (ENGINE + '[gateway]\nextra_paths = ["/v1/embeddings", "/pause"]\n', "gateway.extra_paths", "vLLM's admin endpoints"),
+        (ENGINE + '[gateway]\nextra_paths = ["/server_info/x"]\n', "gateway.extra_paths", "never proxies"),
+        (ENGINE + '[gateway]\nextra_paths = ["v1/embeddings"]\n', "gateway.extra_paths", "not a literal path"),
     ],
 )
 def test_gateway_settings_that_cannot_route_are_refused(text: str, key: str, says: str) -> None:

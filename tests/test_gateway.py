@@ -216,24 +216,25 @@ async def test_the_breakers_gates(upstreams: dict[str, Upstream]) -> None:
     gw = await _gateway(upstreams, settings)
     try:
         async with aiohttp.ClientSession() as http:
-            await gw.set_gates("b", Gates.for_level(1))
+            await gw.set_gates("b", Gates.for_level(1, "fragmentation"))
             long = await _post(http, gw, {"prompt": _prompt(20_000)})
             short_on_b = await _post(http, gw, {"prompt": _prompt(5000)})
-            await gw.set_gates("a", Gates.for_level(2))
+            await gw.set_gates("a", Gates.for_level(2, "kv_usage"))
             paused = await _post(http, gw, {"prompt": "x"}, **{"x-guardian-priority": "low"})
             high_at_l2 = await _post(http, gw, {"prompt": "x"}, **{"x-guardian-priority": "high"})
-            await gw.set_gates("a", Gates.for_level(3))
+            await gw.set_gates("a", Gates.for_level(3, "engine_dead"))
             low_at_l3 = await _post(http, gw, {"prompt": "x"}, **{"x-guardian-priority": "low"})
             high_at_l3 = await _post(http, gw, {"prompt": "x"})
             await gw.set_gates("a", Gates.for_level(0))
             low_again = await _post(http, gw, {"prompt": "x"}, **{"x-guardian-priority": "low"})
     finally:
         await gw.close()
-    assert long[0] == 503 and "breaker L1" in long[1]["error"]["message"] and long[2]["Retry-After"] == "60"
+    assert long[0] == 503 and "at breaker L1 (fragmentation)" in long[1]["error"]["message"] and long[2]["Retry-After"] == "60"
     assert short_on_b[0] == 200  # below the long-context line: admitted at L1
-    assert paused[0] == 429 and "low-priority work is paused (breaker L2)" in paused[1]["error"]["message"]
+    assert paused[0] == 429 and "low-priority work is paused (breaker L2 (kv_usage))" in paused[1]["error"]["message"]
     assert high_at_l2[0] == 200 and high_at_l3[0] == 200 and low_again[0] == 200
     assert low_at_l3[0] == 503 and "only high-priority" in low_at_l3[1]["error"]["message"]
+    assert "at breaker L3 (engine_dead)" in low_at_l3[1]["error"]["message"]  # the real level and rule, not L1's words
 
 
 async def test_a_drain_lets_in_flight_finish_holds_new_ones_and_fails_none(upstreams: dict[str, Upstream]) -> None:
@@ -311,3 +312,40 @@ async def test_a_refused_connection_takes_the_engine_out_of_the_pool_until_the_n
         await gw.close()
     assert first[0] == 502 and gw.down == {"a": "refused"}
     assert [r[1]["upstream"] for r in rest] == ["b"] * 4
+
+
+async def test_only_the_route_table_is_proxied_and_vllms_admin_paths_never_are(upstreams: dict[str, Upstream]) -> None:
+    hits: list[str] = []
+
+    async def anything(request: web.Request) -> web.Response:
+        hits.append(f"{request.method} {request.path} {request.headers.get('Authorization')}")
+        return web.json_response({"ok": True})
+
+    extra = Upstream("x")
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", anything)
+    extra.runner = web.AppRunner(app)
+    await extra.runner.setup()
+    site = web.TCPSite(extra.runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    settings = GatewaySettings(buckets=(Bucket("all", 128000, ("x",)),), extra_paths=("/v1/embeddings", "/tokenize"))
+    gw = GatewayServer(settings, {"x": url}, GatewayMetrics(CollectorRegistry()), {"x": "engine-key"})
+    await gw.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as http:
+            answers = {}
+            for method, path in [("POST", "/pause?mode=abort"), ("POST", "/sleep?level=1"), ("POST", "/reset_prefix_cache"),
+                                 ("GET", "/server_info"), ("GET", "/metrics"), ("POST", "/v1/nope"), ("GET", "/v1/models"),
+                                 ("POST", "/v1/embeddings"), ("POST", "/tokenize")]:  # fmt: skip
+                async with http.request(method, _url(gw, path), json={"input": "x"}, headers={"Authorization": "Bearer client"}) as resp:
+                    answers[path] = (resp.status, await resp.json())
+    finally:
+        await gw.close()
+        await extra.runner.cleanup()
+    for path in ("/pause?mode=abort", "/sleep?level=1", "/reset_prefix_cache", "/server_info", "/metrics"):
+        status, doc = answers[path]
+        assert status == 404 and "admin endpoints, never proxied" in doc["error"]["message"], path
+    assert answers["/v1/nope"][0] == 404 and "not proxied" in answers["/v1/nope"][1]["error"]["message"]
+    assert hits == ["GET /v1/models Bearer engine-key", "POST /v1/embeddings Bearer engine-key",
+                    "POST /tokenize Bearer client"]  # the engine's key only where vLLM asks for one  # fmt: skip

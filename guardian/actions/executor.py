@@ -128,7 +128,7 @@ class Executor:
     async def _quick(self, action: Action) -> None:
         act = self.engines[action.engine]
         if action.kind == "gates":
-            outcome = await self.gateway.set_gates(action.engine, Gates.for_level(action.level))
+            outcome = await self.gateway.set_gates(action.engine, Gates.for_level(action.level, action.reason))
         elif action.kind == "tune":
             outcome = await self.gateway.set_cap(action.engine, int(action.details["batch"]))
         else:

@@ -21,10 +21,17 @@ class Gates:
     refuse_long_context: bool = False  # L1 and above
     pause_low_priority: bool = False  # L2 and above
     high_priority_only: bool = False  # L3
+    level: int = 0  # the breaker level and rule that shut them: what a refused client is told
+    rule: str = ""
 
     @classmethod
-    def for_level(cls, level: int) -> Gates:
-        return cls(refuse_long_context=level >= 1, pause_low_priority=level >= 2, high_priority_only=level >= 3)
+    def for_level(cls, level: int, rule: str = "") -> Gates:
+        return cls(refuse_long_context=level >= 1, pause_low_priority=level >= 2, high_priority_only=level >= 3,
+                   level=level, rule=rule)  # fmt: skip
+
+    def why(self) -> str:
+        """"breaker L3 (engine_dead)": the words a refused request carries."""
+        return f"breaker L{self.level}" + (f" ({self.rule})" if self.rule else "")
 
 
 class Gateway(Protocol):

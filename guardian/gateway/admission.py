@@ -38,6 +38,7 @@ class Admission:
         self.in_flight = 0
         self.pause_low = False
         self.high_only = False
+        self.why = "breaker L0"  # the level and rule behind the gates, for the refusal's text
         self.draining = False
         self._queues: dict[Lane, deque[asyncio.Future[None]]] = {"high": deque(), "low": deque()}
         self._high_streak = 0
@@ -51,7 +52,7 @@ class Admission:
     async def acquire(self, lane: Lane, deadline_seconds: float) -> Refusal | None:
         """None once the request may go upstream (then ``release`` it); else why not."""
         if lane == "low" and self.high_only:
-            return Refusal(503, "the engine is in an emergency (breaker L3): only high-priority requests are admitted", 30)
+            return Refusal(503, f"only high-priority requests are admitted while the engine is at {self.why}", 30)
         if self._may_dispatch(lane) and not self.queued:
             self._take(lane)
             return None
@@ -67,7 +68,7 @@ class Admission:
                 return None
             waiter.cancel()
             self._queues[lane].remove(waiter)
-            why = "low-priority work is paused (breaker L2)" if lane == "low" and self.pause_low else "the engine is busy"
+            why = f"low-priority work is paused ({self.why})" if lane == "low" and self.pause_low else "the engine is busy"
             return Refusal(429, f"{why}: waited {deadline_seconds:g}s in the queue", max(1, int(deadline_seconds / 2)))
         except asyncio.CancelledError:  # the client went away while waiting
             if waiter.done() and not waiter.cancelled():

@@ -10,8 +10,9 @@ breaker's gates of the chosen engine, waits for admission (``admission.py``)
 and streams the request and the answer through unchanged, byte for byte:
 SSE chunks are written as they arrive, a client that goes away cancels the
 upstream request, upstream errors pass through with their status and body.
-Everything else (``/v1/models``, ``/v1/embeddings``, ``/tokenize``, …) is
-passed through to the least loaded engine that is up. Engines that are
+``GET /v1/models`` and the operator's ``extra_paths`` are passed through to
+the least loaded engine that is up; every other path is answered 404 here
+(``routes.py``: vLLM's admin endpoints are never proxied). Engines that are
 dead, loading or hung (the daemon's lifecycle, each poll; a refused
 connection at once) get no requests; with none left in a pool the answer
 is 503 + Retry-After at once.
@@ -36,6 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from guardian import logs
 from guardian.actions.gateway import Gates
 from guardian.actions.outcome import Outcome
+from guardian.gateway import routes
 from guardian.gateway.admission import Admission, Lane, Refusal
 from guardian.policy.buckets import Bucket, choose, prompt_chars
 from guardian.sample import GatewayLoad
@@ -44,7 +46,6 @@ log = logs.get("guardian.gateway")
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "host", "content-length"}  # fmt: skip
-GENERATE = ("/v1/completions", "/v1/chat/completions")
 WHOLE_BODY_BYTES = 1 << 20  # answers up to this size with a Content-Length are relayed whole
 RETRY_AFTER_NO_ENGINE_SECONDS = 10  # no engine of the pool is up: a model load takes longer, a blip less
 
@@ -63,6 +64,7 @@ class GatewaySettings:
     high_priority_engines: tuple[str, ...] = ()  # a dedicated pool (its own GPU or MIG slice) for the high lane
     upstream_timeout_seconds: float = 600.0
     priorities: tuple[tuple[str, int], ...] = (("high", 0), ("low", 10))  # lane -> vLLM priority ([tuner.classes])
+    extra_paths: tuple[str, ...] = ()  # proxied as they are, beyond the OpenAI inference paths (never an admin path)
 
 
 class GatewayMetrics:
@@ -105,9 +107,14 @@ class GatewayServer:
             auto_decompress=False,
         )
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        for path in GENERATE:
+        for path in routes.GENERATE:
             app.router.add_post(path, self._generate)
-        app.router.add_route("*", "/{tail:.*}", self._passthrough)
+        for path in routes.READ_ONLY:
+            app.router.add_get(path, self._passthrough)
+        for path in self.settings.extra_paths:
+            if not routes.admin(path):  # the config refuses them too; this is the last word
+                app.router.add_route("*", path, self._passthrough)
+        app.router.add_route("*", "/{tail:.*}", self._not_routed)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
@@ -129,7 +136,7 @@ class GatewayServer:
             return Outcome("gates", "not_configured", f"the gateway has no upstream {engine!r}")
         self.gates[engine] = gates
         adm = self.admission[engine]
-        adm.pause_low, adm.high_only = gates.pause_low_priority, gates.high_priority_only
+        adm.pause_low, adm.high_only, adm.why = gates.pause_low_priority, gates.high_priority_only, gates.why()
         adm.dispatch()
         return Outcome("gates", "done", f"refuse long contexts: {gates.refuse_long_context}, pause low: "
                                         f"{gates.pause_low_priority}, high only: {gates.high_priority_only}")  # fmt: skip
@@ -202,8 +209,8 @@ class GatewayServer:
         if self.gates[engine].refuse_long_context and choice.tokens > s.long_context_tokens:
             self.metrics.requests.labels(lane, bucket, "refused_long").inc()
             return _refused(Refusal(503, f"long-context requests (about {choice.tokens} tokens, above "
-                                         f"{s.long_context_tokens}) are refused while {engine}'s KV cache is "
-                                         "fragmented (breaker L1)", 60))  # fmt: skip
+                                         f"{s.long_context_tokens}) are refused while {engine} is at "
+                                         f"{self.gates[engine].why()}", 60))  # fmt: skip
         if s.inject_priority and isinstance(body, dict):
             body["priority"] = dict(s.priorities)[lane]
             raw = json.dumps(body).encode()
@@ -230,6 +237,11 @@ class GatewayServer:
             admission.release()
             self._gauges(engine)
 
+    async def _not_routed(self, request: web.Request) -> web.Response:
+        what = "one of vLLM's admin endpoints, never proxied" if routes.admin(request.path) else "not proxied"
+        return _error(404, f"{request.method} {request.path} is {what}: this gateway serves "
+                           f"{', '.join(routes.GENERATE + routes.READ_ONLY + self.settings.extra_paths)}", "NotFoundError")  # fmt: skip
+
     async def _passthrough(self, request: web.Request) -> web.StreamResponse:
         engine = self._pick(list(self.upstreams)) or next(iter(self.upstreams))
         return await self._forward(request, engine, await request.read())
@@ -238,7 +250,7 @@ class GatewayServer:
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         key = self.api_keys.get(engine)
-        if key:
+        if key and routes.authenticated(request.path):  # the engine's key on paths vLLM authenticates, nowhere else
             headers["Authorization"] = f"Bearer {key}"
         url = self.upstreams[engine] + request.rel_url.path_qs
         try:
