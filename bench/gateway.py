@@ -122,7 +122,7 @@ async def load(url: str, rate: float, seconds: float, stream: bool, seed: int) -
 def decision_micro() -> tuple[float, float]:
     """The gateway's per-request decision (prompt length, bucket), timed call by call."""
     from guardian.config import DEFAULT_BUCKETS
-    from guardian.policy.buckets import Bucket, choose, prompt_chars
+    from guardian.policy.buckets import Bucket, choose, prompt_tokens
 
     buckets = tuple(Bucket(b.name, b.max_tokens, ("sim",), b.preemptible) for b in DEFAULT_BUCKETS)
     rng = random.Random(1)
@@ -133,7 +133,7 @@ def decision_micro() -> tuple[float, float]:
     for i in range(100_000):
         body = bodies[i % len(bodies)]
         t0 = clock()
-        choose(buckets, prompt_chars(body), 4.0)
+        choose(buckets, prompt_tokens(body, 4.0, "messages" in body))
         samples.append(clock() - t0)
     samples.sort()
     return samples[len(samples) // 2] / 1000, samples[int(0.99 * len(samples))] / 1000

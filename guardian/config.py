@@ -528,6 +528,7 @@ class GatewaySection(_Model):
     inject_priority: bool = False  # set vLLM's "priority" field (needs --scheduling-policy priority)
     high_priority_engines: list[str] = []  # a dedicated pool for the high lane (its own GPU or MIG slice)
     extra_paths: list[str] = []  # proxied too (any method), beyond the OpenAI inference paths; never vLLM's admin paths
+    max_body_bytes: int | None = Field(None, ge=1024, le=1024**3)  # unset: 16 bytes per token of the largest bucket, 2 MiB at least
 
     @field_validator("extra_paths")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -14,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from guardian.actions.gateway import Gates
 from guardian.gateway.proxy import GatewayMetrics, GatewayServer, GatewaySettings
-from guardian.policy.buckets import Bucket, choose, prompt_chars
+from guardian.policy.buckets import BadRequest, Bucket, choose, prompt_tokens
 
 SSE = b"".join(f'data: {{"id":"cmpl-1","choices":[{{"text":" tok{i}"}}]}}\n\n'.encode() for i in range(20)) + b"data: [DONE]\n\n"
 
@@ -110,13 +111,73 @@ async def _post(http: aiohttp.ClientSession, gw: GatewayServer, body: dict[str, 
 
 
 def test_buckets_take_the_estimate_and_refuse_nothing_they_cover() -> None:
-    assert choose(BUCKETS, 4 * 4000, 4.0).bucket == BUCKETS[0]
-    assert choose(BUCKETS, 4 * 5000, 4.0).bucket == BUCKETS[1]
-    assert choose(BUCKETS, 4 * 100_000, 4.0).bucket == BUCKETS[2]
-    over = choose(BUCKETS, 4 * 130_000, 4.0)
+    assert choose(BUCKETS, 4000).bucket == BUCKETS[0]
+    assert choose(BUCKETS, 5000).bucket == BUCKETS[1]
+    assert choose(BUCKETS, 100_000).bucket == BUCKETS[2]
+    over = choose(BUCKETS, 130_001)
     assert over.bucket is None and over.tokens == 130_001
+
+
+def test_every_prompt_shape_vllm_takes_is_estimated_and_batches_count_their_total() -> None:
     chat = {"messages": [{"role": "user", "content": "abcd" * 10}, {"role": "user", "content": [{"type": "text", "text": "ab"}]}]}
-    assert prompt_chars(chat) == 42 and prompt_chars({"prompt": [1, 2, 3]}) == 12 and prompt_chars("nope") == 0
+    assert prompt_tokens(chat, 4.0, chat=True) == 11
+    assert prompt_tokens({"prompt": "abcd" * 100}, 4.0, chat=False) == 101
+    assert prompt_tokens({"prompt": ["abcd" * 100, "abcd" * 100]}, 4.0, chat=False) == 201
+    assert prompt_tokens({"prompt": [1, 2, 3]}, 4.0, chat=False) == 3  # token ids count exactly
+    nested = {"prompt": [[7] * 40_000, [8] * 40_000]}
+    assert prompt_tokens(nested, 4.0, chat=False) == 80_000  # not "one token": it passes no gate it should not
+    assert prompt_tokens({"prompt": [[5] * 100] * 3}, 2.0, chat=False) == 300
+
+
+@pytest.mark.parametrize(
+    ("body", "chat", "says"),
+    [
+        ({"messages": "hello"}, True, "'messages' must be a non-empty list"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, True, "messages[0].content[0].text must be a string"),
+        ({"messages": [{"role": "user", "content": 5}]}, True, "messages[0].content must be a string"),
+        ({"messages": ["hi"]}, True, "messages[0] must be an object"),
+        ({"prompt": None}, False, "'prompt' must be"),
+        ({"prompt": [1, "a"]}, False, "'prompt' must be"),
+        ({"prompt": [[1], [True]]}, False, "'prompt' must be"),
+        ({"prompt": []}, False, "'prompt' must be"),
+        ([1, 2], False, "must be a JSON object"),
+    ],
+)
+def test_a_body_that_is_not_an_openai_request_says_what_is_wrong(body: Any, chat: bool, says: str) -> None:
+    with pytest.raises(BadRequest, match=re.escape(says)):
+        prompt_tokens(body, 4.0, chat)
+
+
+async def test_bad_bodies_get_400_or_413_with_a_json_reason_and_never_reach_vllm(upstreams: dict[str, Upstream]) -> None:
+    gw = await _gateway(upstreams, replace(SETTINGS, max_body_bytes=64 * 1024))
+    try:
+        async with aiohttp.ClientSession() as http:
+            answers = []
+            for data in [b"{" * 100_000 + b"}" * 100_000, b'{"prompt": [' * 30_000 + b"]" * 30_000 + b"}",
+                         b"x" * (65 * 1024), b'{"messages": [{"content": [{"text": 1}]}]}', b"\xff\xfe", b"[]"]:  # fmt: skip
+                async with http.post(_url(gw, "/v1/chat/completions" if b"messages" in data else "/v1/completions"), data=data,
+                                     headers={"Content-Type": "application/json"}) as resp:  # fmt: skip
+                    answers.append((resp.status, (await resp.json())["error"]["message"]))
+    finally:
+        await gw.close()
+    statuses = [a[0] for a in answers]
+    assert statuses == [413, 413, 413, 400, 400, 400], answers
+    assert "larger than this gateway takes (65536 bytes" in answers[0][1]
+    assert upstreams["a"].got == [] and upstreams["b"].got == []
+
+
+async def test_deep_json_inside_the_limit_is_a_400_not_a_500(upstreams: dict[str, Upstream]) -> None:
+    gw = await _gateway(upstreams)
+    try:
+        async with aiohttp.ClientSession() as http:
+            deep = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+            async with http.post(_url(gw), data=deep, headers={"Content-Type": "application/json"}) as resp:
+                status, doc = resp.status, await resp.json()
+    finally:
+        await gw.close()
+    assert status == 400 and doc["error"]["message"] in ("The request body is nested too deeply.",
+                                                         "'prompt' must be a non-empty string, a list of strings, a list "
+                                                         "of token ids (integers) or a list of lists of token ids")  # fmt: skip
 
 
 # -- the proxy ------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from guardian.actions.gateway import Gates
 from guardian.actions.outcome import Outcome
 from guardian.gateway import routes
 from guardian.gateway.admission import Admission, Lane, Refusal
-from guardian.policy.buckets import Bucket, choose, prompt_chars
+from guardian.policy.buckets import BadRequest, Bucket, choose, prompt_tokens
 from guardian.sample import GatewayLoad
 
 log = logs.get("guardian.gateway")
@@ -47,6 +47,7 @@ log = logs.get("guardian.gateway")
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "host", "content-length"}  # fmt: skip
 WHOLE_BODY_BYTES = 1 << 20  # answers up to this size with a Content-Length are relayed whole
+OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed in a worker thread
 RETRY_AFTER_NO_ENGINE_SECONDS = 10  # no engine of the pool is up: a model load takes longer, a blip less
 
 
@@ -65,6 +66,15 @@ class GatewaySettings:
     upstream_timeout_seconds: float = 600.0
     priorities: tuple[tuple[str, int], ...] = (("high", 0), ("low", 10))  # lane -> vLLM priority ([tuner.classes])
     extra_paths: tuple[str, ...] = ()  # proxied as they are, beyond the OpenAI inference paths (never an admin path)
+    max_body_bytes: int | None = None  # None: sized for the largest bucket's prompt (see body_limit)
+
+    @property
+    def body_limit(self) -> int:
+        """Bytes a request body may have: 16 per token of the largest bucket (JSON-escaped text, token ids), 2 MiB at least."""
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        largest = max((b.max_tokens for b in self.buckets), default=0)
+        return max(2 * 1024 * 1024, 16 * largest)
 
 
 class GatewayMetrics:
@@ -106,7 +116,7 @@ class GatewayServer:
             timeout=aiohttp.ClientTimeout(total=self.settings.upstream_timeout_seconds),
             auto_decompress=False,
         )
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=self.settings.body_limit)
         for path in routes.GENERATE:
             app.router.add_post(path, self._generate)
         for path in routes.READ_ONLY:
@@ -182,14 +192,27 @@ class GatewayServer:
     # -- requests -------------------------------------------------------------------------------
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
+        s = self.settings
+        limit = s.body_limit
+        if request.content_length is not None and request.content_length > limit:  # refused before reading it
+            return _too_large(limit)
         try:
-            body: Any = json.loads(raw)
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _too_large(limit)
+        try:
+            # a large body is parsed in a thread: the loop (polls, /healthz, paging) never waits on a client's JSON
+            body: Any = await asyncio.to_thread(json.loads, raw) if len(raw) > OFF_LOOP_BYTES else json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             return _error(400, "The request body is not valid JSON.", "BadRequestError")
+        except RecursionError:
+            return _error(400, "The request body is nested too deeply.", "BadRequestError")
         started = time.perf_counter()
-        s = self.settings
-        choice = choose(s.buckets, prompt_chars(body), s.chars_per_token)
+        try:
+            tokens = prompt_tokens(body, s.chars_per_token, request.path == "/v1/chat/completions")
+        except BadRequest as exc:
+            return _error(400, str(exc), "BadRequestError")
+        choice = choose(s.buckets, tokens)
         lane = self._lane(request, choice.bucket)
         self.metrics.decision.observe(time.perf_counter() - started)
         if choice.bucket is None:
@@ -310,6 +333,11 @@ class GatewayServer:
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": status}},
                              status=status, headers=headers)  # fmt: skip
+
+
+def _too_large(limit: int) -> web.Response:
+    return _error(413, f"The request body is larger than this gateway takes ({limit} bytes, sized for the largest "
+                       "bucket's prompt; [gateway] max_body_bytes).", "RequestTooLargeError")  # fmt: skip
 
 
 def _refused(refusal: Refusal) -> web.Response:

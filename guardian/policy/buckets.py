@@ -1,7 +1,7 @@
 """Context-length buckets: which upstream pool a request goes to, from its estimated prompt length. Pure.
 
 The estimate has to be cheap (it runs on every request, before the request
-is admitted): prompt characters divided by a characters-per-token ratio,
+is admitted): token ids count one each, text is its characters divided by a characters-per-token ratio,
 calibrated per model (English text with Llama-3's tokenizer runs at about 4;
 code and non-Latin scripts lower, so calibrate: ``guardian`` exposes the
 estimate beside vLLM's own prompt-token counts). The estimate only picks a
@@ -32,28 +32,69 @@ class Choice:
     tokens: int  # the estimate
 
 
-def prompt_chars(body: Any) -> int:
-    """Characters of prompt in an OpenAI completions or chat body (token-id prompts count 4 per id)."""
+class BadRequest(ValueError):
+    """A body that is not an OpenAI completions or chat request: the client hears why (400), nothing is logged as a crash."""
+
+
+def prompt_tokens(body: Any, chars_per_token: float, chat: bool) -> int:
+    """The estimated prompt length of an OpenAI completions (``prompt``) or chat (``messages``) body.
+
+    Every shape vLLM takes is counted: a string, a batch of strings, token
+    ids (each exactly one token), a batch of token-id lists; a batch counts
+    its total. Chat content is a string or a list of parts whose ``text``
+    counts. Anything else raises ``BadRequest`` saying what is wrong.
+    """
     if not isinstance(body, dict):
-        return 0
+        raise BadRequest("the body must be a JSON object")
+    if chat:
+        return _chars_tokens(_message_chars(body.get("messages")), chars_per_token)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return len(prompt)
-    if isinstance(prompt, list):
-        return sum(len(p) if isinstance(p, str) else 4 for p in prompt)
+        return _chars_tokens(len(prompt), chars_per_token)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return _chars_tokens(sum(len(p) for p in prompt), chars_per_token)
+        if all(_token_id(p) for p in prompt):
+            return len(prompt)
+        if all(isinstance(p, list) and p and all(_token_id(t) for t in p) for p in prompt):
+            return sum(len(p) for p in prompt)
+    raise BadRequest("'prompt' must be a non-empty string, a list of strings, a list of token ids (integers) "
+                     "or a list of lists of token ids")  # fmt: skip
+
+
+def _token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _message_chars(messages: Any) -> int:
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list of messages")
     total = 0
-    for message in body.get("messages") or ():
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            total += len(content)
-        elif isinstance(content, list):  # multi-part content: count the text parts
-            total += sum(len(part.get("text", "")) for part in content if isinstance(part, dict))
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequest(f"messages[{i}] must be an object with a 'role' and a 'content'")
+        content = message.get("content")
+        if content is None or isinstance(content, str):
+            total += len(content or "")
+        elif isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict):
+                    raise BadRequest(f"messages[{i}].content[{j}] must be an object such as {{\"type\": \"text\", \"text\": \"…\"}}")
+                text = part.get("text", "")
+                if not isinstance(text, str):
+                    raise BadRequest(f"messages[{i}].content[{j}].text must be a string")
+                total += len(text)
+        else:
+            raise BadRequest(f"messages[{i}].content must be a string or a list of content parts")
     return total
 
 
-def choose(buckets: Sequence[Bucket], chars: int, chars_per_token: float) -> Choice:
+def _chars_tokens(chars: int, chars_per_token: float) -> int:
+    return int(chars / chars_per_token) + 1
+
+
+def choose(buckets: Sequence[Bucket], tokens: int) -> Choice:
     """``buckets`` sorted by ``max_tokens``."""
-    tokens = int(chars / chars_per_token) + 1
     for bucket in buckets:
         if tokens <= bucket.max_tokens:
             return Choice(bucket, tokens)
