@@ -227,6 +227,23 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     config = _load_or_exit(args.path)
+    problems = []
+    for key, path in config.secret_files():
+        try:
+            mode = path.stat().st_mode
+        except FileNotFoundError:
+            problems.append((key, f"{path} does not exist", "create it (root-owned, mode 0600 or 0640 for guardian's group)"))
+            continue
+        except OSError as exc:
+            problems.append((key, f"{path} cannot be read: {exc.strerror}", "give guardian's user read access"))
+            continue
+        if mode & 0o004:
+            problems.append((key, f"{path} is readable by every user on the host", f"chmod o-rwx {path}"))
+    if problems:
+        print(f"{args.path}: {len(problems)} problem{'s' if len(problems) != 1 else ''}")
+        for key, what, fix in problems:
+            print(f"{args.path}: {key}: {what}\n    fix: {fix}")
+        return 2
     g = config.guardian
     print(
         f"{args.path}: OK: {len(config.engines)} engine(s), GPUs {config.gpus.select}, "

@@ -181,14 +181,18 @@ class EngineSection(_Model):
     @classmethod
     def _url(cls, value: str) -> str:
         parts = urlsplit(value)
+        shown = repr(masked_url(value))
+        if parts.username is not None or parts.password is not None:  # it would show in /status and every log line
+            raise Problem(f"{shown} carries credentials (user:password@)",
+                          "remove them; put vLLM's API key in api_key_file, which guardian sends as a bearer token")  # fmt: skip
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise Problem(f"{value!r} is not an http(s) URL", 'use the server\'s base URL, e.g. "http://127.0.0.1:8000"')
+            raise Problem(f"{shown} is not an http(s) URL", 'use the server\'s base URL, e.g. "http://127.0.0.1:8000"')
         try:
             _ = parts.port  # urlsplit checks the port only when asked for it
         except ValueError:
-            raise Problem(f"{value!r} has an invalid port", 'use e.g. "http://127.0.0.1:8000"') from None
+            raise Problem(f"{shown} has an invalid port", 'use e.g. "http://127.0.0.1:8000"') from None
         if parts.query or parts.fragment:
-            raise Problem(f"{value!r} has a query or fragment", "give the base URL only; guardian adds /metrics and /health")
+            raise Problem(f"{shown} has a query or fragment", "give the base URL only; guardian adds /metrics and /health")
         return value.rstrip("/")
 
     @model_validator(mode="after")
@@ -448,7 +452,7 @@ class WebhookSection(_Model):
     @classmethod
     def _url(cls, value: str) -> str:
         if urlsplit(value).scheme not in ("http", "https"):
-            raise Problem(f"{value!r} is not an http(s) URL", 'e.g. "https://chat.example.com/hooks/oncall"')
+            raise Problem(f"{masked_url(value)!r} is not an http(s) URL", 'e.g. "https://chat.example.com/hooks/oncall"')
         return value
 
 
@@ -667,6 +671,14 @@ class Config(_Model):
             seen.add(engine.name)
         return engines
 
+    def secret_files(self) -> list[tuple[str, Path]]:
+        """The files that hold secrets, by config key: check-config wants them present and private."""
+        files = [("guardian.api_token_file", self.guardian.api_token_file)]
+        files += [(f"engines[{i}].api_key_file", e.api_key_file) for i, e in enumerate(self.engines)]
+        files.append(("notify.webhook.token_file", self.notify.webhook.token_file if self.notify.webhook else None))
+        files.append(("gateway.high_priority_keys_file", self.gateway.high_priority_keys_file if self.gateway else None))
+        return [(key, path) for key, path in files if path is not None]
+
     def warnings(self) -> list[str]:
         """Legal but risky settings, printed by check-config and logged at start."""
         notes = []
@@ -835,12 +847,36 @@ def _issue(err: Any) -> ConfigIssue:
     if kind == "missing":
         return ConfigIssue(key, "required key is missing", f"add {loc[-1]} = …")
     value = err.get("input")
-    shown = "" if isinstance(value, (dict, list)) else f" (got {value!r})"
+    shown = "" if isinstance(value, (dict, list)) else f" (got {_masked(str(loc[-1]) if loc else '', value)})"
     if kind.endswith("_type") or kind.endswith("_parsing"):
         return ConfigIssue(key, f"wrong type{shown}: {message.lower()}", "write the value as the example config shows")
     if kind == "string_pattern_mismatch":
         return ConfigIssue(key, f"invalid value{shown}", PATTERN_FIXES.get(str(loc[-1]), PATTERN_FIXES["name"]))
     return ConfigIssue(key, f"{message}{shown}", _range_fix(kind, err.get("ctx") or {}))
+
+
+# keys whose values are or may be secrets (or personal: phone numbers): an error never echoes them whole
+SECRET_KEYS = ("token", "key", "secret", "password", "sid", "number", "url", "credential")
+
+
+def _masked(key: str, value: Any) -> str:
+    if isinstance(value, str) and any(word in key.lower() for word in SECRET_KEYS):
+        if "url" in key.lower():
+            return repr(masked_url(value))
+        return f"{value[:2]!r}… ({len(value)} characters, the rest not shown)" if len(value) > 2 else "(not shown)"
+    return repr(value)
+
+
+def masked_url(url: str) -> str:
+    """scheme://host:port/… with no credentials, path or query: tokens often live in all three (webhook URLs)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(an unparsable URL, not shown)"
+    rest = "/…" if parts.path.strip("/") or parts.query else ""
+    return f"{parts.scheme}://{'***@' if parts.username or parts.password else ''}{host}{port}{rest}"
 
 
 PATTERN_FIXES = {

@@ -325,3 +325,39 @@ def test_every_config_key_is_in_the_example_config() -> None:
 
     walk(cfg.Config, "")
     assert not missing, f"not in systemd/guardian.toml: {missing}"
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ('[[engines]]\nname = "a"\nurl = "http://admin:hunter22@127.0.0.1:8000"\n', "hunter22"),
+        ('[[engines]]\nname = "a"\nurl = "gopher://admin:hunter22@x/y"\n', "hunter22"),
+        ('[notify.sms]\naccount_sid = "0a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d"\n', "0a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d"),  # the auth token, misplaced
+        ('[[notify.oncall]]\nname = "bob"\nnumber = "0049 151 1234567"\n', "151 1234567"),
+        ('[notify.webhook]\nurl = "hooks.example.com/T000/B000/XXXXsecretXXXX"\n', "XXXXsecretXXXX"),
+    ],
+)
+def test_config_errors_never_echo_a_secret_or_a_phone_number(text: str, secret: str, tmp_path: Path) -> None:
+    path = tmp_path / "guardian.toml"
+    path.write_text(text)
+    result = subprocess.run([sys.executable, "-m", "guardian", "check-config", str(path)], capture_output=True, text=True)
+    assert result.returncode == 2 and "problem" in result.stdout + result.stderr
+    assert secret not in result.stdout + result.stderr
+
+
+def test_check_config_wants_every_secret_file_present_and_private(tmp_path: Path) -> None:
+    token, keyfile = tmp_path / "api-token", tmp_path / "vllm-key"
+    token.write_text("t0ken\n")
+    token.chmod(0o644)  # world-readable
+    path = tmp_path / "guardian.toml"
+    path.write_text(f'[guardian]\napi_token_file = "{token}"\n[[engines]]\nname = "a"\nurl = "http://127.0.0.1:8000"\n'
+                    f'api_key_file = "{keyfile}"\n')  # fmt: skip
+    run = lambda: subprocess.run([sys.executable, "-m", "guardian", "check-config", str(path)], capture_output=True, text=True)  # noqa: E731
+    result = run()
+    assert result.returncode == 2 and "2 problems" in result.stdout
+    assert f"guardian.api_token_file: {token} is readable by every user" in result.stdout
+    assert f"engines[0].api_key_file: {keyfile} does not exist" in result.stdout and "t0ken" not in result.stdout
+    token.chmod(0o600)
+    keyfile.write_text("k\n")
+    keyfile.chmod(0o640)
+    assert run().returncode == 0
