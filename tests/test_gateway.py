@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import random
 import re
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -410,3 +413,48 @@ async def test_only_the_route_table_is_proxied_and_vllms_admin_paths_never_are(u
     assert answers["/v1/nope"][0] == 404 and "not proxied" in answers["/v1/nope"][1]["error"]["message"]
     assert hits == ["GET /v1/models Bearer engine-key", "POST /v1/embeddings Bearer engine-key",
                     "POST /tokenize Bearer client"]  # the engine's key only where vLLM asks for one  # fmt: skip
+
+
+def _malformed(rng: random.Random) -> tuple[str, str, bytes, dict[str, str]]:
+    """One generated bad request: broken JSON, wrong shapes, odd headers, odd methods and paths."""
+    path = rng.choice(["/v1/completions", "/v1/chat/completions", "/v1/models", "/pause", "/x", "/v1/completions?x=%ff"])
+    method = rng.choice(["POST", "POST", "POST", "GET", "PUT", "DELETE"])
+    values: list[Any] = [None, True, 3, -1, 1.5, "s", [], {}, [1, "a"], [[1], "b"], {"a": 1}, "x" * 50, [[-1]], [True]]
+    body: Any = rng.choice([
+        {"prompt": rng.choice(values)}, {"messages": rng.choice(values)},
+        {"messages": [{"role": "user", "content": rng.choice(values)}]},
+        {"messages": [{"content": [{"type": "text", "text": rng.choice(values)}]}]}, rng.choice(values),
+    ])  # fmt: skip
+    raw = json.dumps(body).encode()
+    cut = rng.random()
+    if cut < 0.2:
+        raw = raw[: rng.randrange(len(raw) + 1)]  # cut off
+    elif cut < 0.3:
+        raw = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64)))  # noise
+    elif cut < 0.35:
+        raw = b"[" * rng.randrange(500, 5000)
+    headers = {"Content-Type": rng.choice(["application/json", "text/plain", "application/x-www-form-urlencoded"])}
+    if rng.random() < 0.2:
+        headers[rng.choice(["Authorization", "x-guardian-priority"])] = rng.choice(["Bearer \u00e9\u00e8", "high", "???", "Bearer "])
+    return method, path, raw, headers
+
+
+async def test_thousands_of_malformed_requests_get_no_500_and_log_no_traceback(
+    upstreams: dict[str, Upstream], capsys: pytest.CaptureFixture[str]
+) -> None:
+    rng = random.Random(14)
+    gw = await _gateway(upstreams, replace(SETTINGS, max_body_bytes=16 * 1024))
+    statuses: Counter[int] = Counter()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(2000):
+                method, path, raw, headers = _malformed(rng)
+                async with http.request(method, _url(gw, path), data=raw, headers=headers) as resp:
+                    await resp.read()
+                    statuses[resp.status] += 1
+    finally:
+        await gw.close()
+    out = capsys.readouterr()
+    assert statuses[500] == 0 and not any(s >= 500 and s != 503 for s in statuses), statuses
+    assert "Traceback" not in out.out + out.err
+    assert statuses[400] > 300 and statuses[404] > 100  # the generator does reach both kinds
