@@ -476,7 +476,8 @@ class Daemon:
             return 503, {"error": "guardian cannot read its API token"}
         if expected is None:
             return 403, {"error": "the API is off: set guardian.api_token_file (or LoadCredential=api-token)"}
-        if token is None or not hmac.compare_digest(token.encode(), expected.encode()):
+        # a header of bytes that are not UTF-8 arrives as surrogate escapes: compared as the bytes sent, never a crash
+        if token is None or not hmac.compare_digest(token.encode("utf-8", "surrogateescape"), expected.encode()):
             return 401, {"error": "missing or wrong bearer token"}
         return None
 

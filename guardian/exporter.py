@@ -547,8 +547,8 @@ def make_app(
         token = auth[len("Bearer "):].strip() if auth.startswith("Bearer ") else None
         try:
             body = await request.json() if request.can_read_body else None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return web.json_response({"error": "the body is not JSON"}, status=400)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            return web.json_response({"error": "the body is not JSON (or is nested too deeply)"}, status=400)
         code, doc = await api(token, request.match_info["path"], body)
         return web.json_response(doc, status=code)
 

@@ -175,3 +175,34 @@ def test_kill_9_right_after_a_forced_transition_restores_the_level_and_the_resta
     assert '"event": "state_restored"' in log and TOKEN not in log
     assert '"kind": "gates", "breaker_level": 3' in log  # the restored level's gates are shut again
     assert second.returncode == 0
+
+
+async def test_the_api_answers_a_token_of_raw_bytes_and_deep_json_with_4xx_not_a_crash(cluster: SimCluster, tmp_path: Path) -> None:
+    import asyncio
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    daemon = await _daemon(_config(cluster, tmp_path / "state", token_file), cluster)
+    try:
+        assert daemon.http_address is not None
+        port = daemon.http_address[1]
+
+        async def raw(request: bytes) -> bytes:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request)
+            await writer.drain()
+            answer = await reader.read(4096)
+            writer.close()
+            return answer
+
+        body = b'{"action": "clear"}'
+        bad_token = await raw(b"POST /api/v1/breaker/sim0 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\xfa\r\n"
+                              b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        deep = b"[" * 50_000 + b"]" * 50_000
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"http://127.0.0.1:{port}/api/v1/breaker/sim0", data=deep,
+                                 headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}) as resp:  # fmt: skip
+                deep_status = resp.status
+    finally:
+        await daemon.close()
+    assert bad_token.startswith(b"HTTP/1.1 401") and deep_status == 400
