@@ -1,6 +1,7 @@
 """What guardian's admission gateway adds: latency, CPU per request, decision time; and that streams arrive whole.
 
     python bench/gateway.py [--seconds 10] [--rates 100 500]
+    python bench/gateway.py --big-bodies 8      # the largest bodies, 8 clients at once: guardian's loop, polls, RSS
 
 Set-up, side by side in one run: a simulated vLLM 0.33 server in its own
 process (``guardian sim --no-load``), guardian with ``[gateway]`` in front of
@@ -154,16 +155,65 @@ def histogram_quantiles(api_port: int) -> str:
     return f"p50 {q(0.5)}, p99 {q(0.99)} over {total:.0f} requests (histogram buckets)"
 
 
+async def big_bodies(gateway: str, api_port: int, proc: psutil.Process, clients: int, rounds: int) -> None:
+    """The largest prompts the gateway takes, ``clients`` at once for ``rounds``: is guardian's loop still there?"""
+    ids = list(range(1000, 1000 + 127_000))  # a 127k-token prompt as token ids: the largest bucket, about 0.9 MB
+    body = json.dumps({"model": "x", "prompt": ids, "max_tokens": 1}).encode()
+    rss0 = proc.memory_info().rss
+    latencies: list[float] = []
+    ages: list[float] = []
+    rss: list[int] = []
+    statuses: dict[int, int] = {}
+    done = asyncio.Event()
+
+    async def watch(http: aiohttp.ClientSession) -> None:
+        while not done.is_set():
+            t0 = time.perf_counter()
+            async with http.get(f"http://127.0.0.1:{api_port}/healthz") as resp:
+                doc = await resp.json()
+            latencies.append(time.perf_counter() - t0)
+            ages.append(float(doc.get("last_poll_age_seconds") or 0.0))
+            rss.append(proc.memory_info().rss)
+            await asyncio.sleep(0.02)
+
+    async def send(http: aiohttp.ClientSession) -> None:
+        for _ in range(rounds):
+            async with http.post(gateway + "/v1/completions", data=body, headers={"Content-Type": "application/json"}) as resp:
+                await resp.read()
+                statuses[resp.status] = statuses.get(resp.status, 0) + 1
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        watcher = asyncio.create_task(watch(http))
+        t0 = time.perf_counter()
+        await asyncio.gather(*(send(http) for _ in range(clients)))
+        took = time.perf_counter() - t0
+        done.set()
+        await watcher
+    latencies.sort()
+    print(f"largest bodies: {clients} clients x {rounds} of {len(body) / 1e6:.2f} MB ({len(ids)} token ids) in {took:.1f} s, "
+          f"statuses {statuses}")  # fmt: skip
+    print(f"  guardian /healthz while they arrive: p50 {latencies[len(latencies) // 2] * 1e3:.1f} ms, "
+          f"p99 {latencies[int(0.99 * (len(latencies) - 1))] * 1e3:.1f} ms, max {latencies[-1] * 1e3:.1f} ms "
+          f"({len(latencies)} probes); oldest poll seen {max(ages):.2f} s (poll interval 1 s)")  # fmt: skip
+    print(f"  guardian RSS: {rss0 / 2**20:.0f} MiB before, {max(rss) / 2**20:.0f} MiB at most")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rates", type=float, nargs="+", default=[100.0, 500.0])
+    parser.add_argument("--big-bodies", type=int, metavar="CLIENTS",
+                        help="only this: CLIENTS clients sending the largest bodies the gateway takes, while "
+                             "guardian's /healthz, poll age and RSS are watched")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         sim, guardian, upstream, gw = start_servers(Path(tmp))
         gateway, api_port = gw.split("|")
         proc = psutil.Process(guardian.pid)
         try:
+            if args.big_bodies:
+                asyncio.run(big_bodies(gateway, int(api_port), proc, args.big_bodies, rounds=10))
+                return
             asyncio.run(load(gateway, 50, 2, False, 0))  # warm-up: connections, caches
             print(f"{'rate':>6} {'mode':>10} {'path':>8} {'n':>6} {'p50 ms':>8} {'p99 ms':>8} {'tok/s':>8} "
                   f"{'broken':>6} {'CPU/req us':>10}  statuses")  # fmt: skip

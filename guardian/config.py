@@ -22,6 +22,7 @@ from guardian.actions.engine_args import KV_CACHE_DTYPES, Value, block_size_ok, 
 from guardian.actions.restart import RestartTimeouts
 from guardian.analysis.leak import LeakParams
 from guardian.gateway import routes
+from guardian.listener import ListenerLimits
 from guardian.policy.breaker import BreakerParams
 from guardian.policy.profiles import BUILTIN_PRESETS, preset_args
 from guardian.policy.response import ResponseParams
@@ -80,6 +81,9 @@ class GuardianSection(_Model):
     # bearer token for guardian's HTTP API (breaker force/clear); without one the API is off.
     # Under systemd, LoadCredential=api-token:PATH is read from $CREDENTIALS_DIRECTORY instead.
     api_token_file: Path | None = None
+    max_connections: int = Field(256, ge=1, le=100_000)  # on guardian.listen; one more is answered 503
+    header_timeout_seconds: float = Field(10.0, gt=0, le=600)  # a new connection's request headers, complete by then
+    idle_timeout_seconds: float = Field(30.0, gt=0, le=3600)  # a kept-alive connection with no request
 
     @field_validator("listen")
     @classmethod
@@ -101,6 +105,10 @@ class GuardianSection(_Model):
                 f"set latency_window_seconds to at least {2 * self.poll_interval_seconds:g}",
             )
         return self
+
+    @property
+    def listener_limits(self) -> ListenerLimits:
+        return ListenerLimits(self.max_connections, self.header_timeout_seconds, self.idle_timeout_seconds)
 
     @property
     def scrape_timeout(self) -> float:
@@ -533,6 +541,13 @@ class GatewaySection(_Model):
     high_priority_engines: list[str] = []  # a dedicated pool for the high lane (its own GPU or MIG slice)
     extra_paths: list[str] = []  # proxied too (any method), beyond the OpenAI inference paths; never vLLM's admin paths
     max_body_bytes: int | None = Field(None, ge=1024, le=1024**3)  # unset: 16 bytes per token of the largest bucket, 2 MiB at least
+    max_connections: int = Field(4096, ge=1, le=1_000_000)  # clients' connections; one more is answered 503
+    header_timeout_seconds: float = Field(10.0, gt=0, le=600)
+    idle_timeout_seconds: float = Field(75.0, gt=0, le=3600)
+
+    @property
+    def listener_limits(self) -> ListenerLimits:
+        return ListenerLimits(self.max_connections, self.header_timeout_seconds, self.idle_timeout_seconds)
 
     @field_validator("extra_paths")
     @classmethod

@@ -43,6 +43,7 @@ from guardian.analysis.memory import MemoryReport
 from guardian.clock import steady_time
 from guardian.exporter import Metrics, make_app
 from guardian.gateway.proxy import GatewayMetrics, GatewayServer, GatewaySettings
+from guardian.listener import serve
 from guardian.policy.buckets import Bucket
 from guardian.notify.outbox import Outbox
 from guardian.notify.service import Deliverer, Notifications, Settings, SmsDeliverer, WebhookDeliverer
@@ -150,6 +151,7 @@ class Daemon:
         self._record_log = _FailureLog("record")
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
+        self._http_server: asyncio.Server | None = None
         self.poller: Ticker | None = None  # the poll, every poll_interval_seconds of the monotonic clock
         self._notifier_ticker: Ticker | None = None
         self._stop = asyncio.Event()
@@ -229,6 +231,8 @@ class Daemon:
             await self.executor.close()
         if self.gateway is not None:
             await self.gateway.close()
+        if self._http_server is not None:
+            self._http_server.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -251,11 +255,11 @@ class Daemon:
             self._started_wall,
             self._api,
         )
-        self._runner = web.AppRunner(app, access_log=None)
+        limits = self.config.guardian.listener_limits
+        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=limits.idle_timeout_seconds)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
         try:
-            await site.start()
+            self._http_server, self.http_address = await serve(self._runner, host, port, limits, "api", self.metrics.listener)
         except OSError as exc:
             reason = exc.strerror or str(exc)
             if "address already in use" in str(exc).lower():
@@ -263,9 +267,6 @@ class Daemon:
             raise StartupError(
                 f"cannot listen on {self.config.guardian.listen} (guardian.listen): {reason}"
             ) from None
-        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr, attr-defined]
-        bound = sockets[0].getsockname() if sockets else (host, port)
-        self.http_address = (bound[0], bound[1])
 
     async def _notify_job(self) -> None:
         """Due messages into the outbox, then deliver what the outbox holds (its own job: a slow SMS never delays a poll)."""
@@ -634,7 +635,8 @@ class Daemon:
         assert g is not None
         settings = gateway_settings(config)
         api_keys = {name: engine.api_key for name, engine in self._engines.items()}
-        self.gateway = GatewayServer(settings, {e.name: e.url for e in config.engines}, GatewayMetrics(self.metrics.registry), api_keys)
+        self.gateway = GatewayServer(settings, {e.name: e.url for e in config.engines},
+                                     GatewayMetrics(self.metrics.registry, self.metrics.listener), api_keys)  # fmt: skip
         host, port = cfg.parse_listen(g.listen)
         try:
             await self.gateway.start(host, port)
@@ -842,6 +844,7 @@ def gateway_settings(config: cfg.Config) -> GatewaySettings:
         priorities=tuple((str(lane), c.priority) for lane, c in config.tuner.classes.items()) if config.tuner else GatewaySettings.priorities,
         extra_paths=tuple(g.extra_paths),
         max_body_bytes=g.max_body_bytes,
+        listener=g.listener_limits,
     )  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from guardian import __version__
+from guardian.listener import ListenerMetrics
 from guardian.policy.lifecycle import Phase
 from guardian.snapshot import PolicyView, Snapshot
 
@@ -31,6 +32,7 @@ class Metrics:
     def __init__(self, snapshot: Callable[[], Snapshot | None]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
+        self.listener = ListenerMetrics(r)  # the API's and the gateway's connections
         Gauge("guardian_build_info", "guardian version and Python it runs on.", ["version", "python"], registry=r).labels(
             __version__, platform.python_version()
         ).set(1)

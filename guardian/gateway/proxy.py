@@ -39,6 +39,7 @@ from guardian.actions.gateway import Gates
 from guardian.actions.outcome import Outcome
 from guardian.gateway import routes
 from guardian.gateway.admission import Admission, Lane, Refusal
+from guardian.listener import ListenerLimits, ListenerMetrics, serve
 from guardian.policy.buckets import BadRequest, Bucket, choose, prompt_tokens
 from guardian.sample import GatewayLoad
 
@@ -67,6 +68,7 @@ class GatewaySettings:
     priorities: tuple[tuple[str, int], ...] = (("high", 0), ("low", 10))  # lane -> vLLM priority ([tuner.classes])
     extra_paths: tuple[str, ...] = ()  # proxied as they are, beyond the OpenAI inference paths (never an admin path)
     max_body_bytes: int | None = None  # None: sized for the largest bucket's prompt (see body_limit)
+    listener: ListenerLimits = ListenerLimits(max_connections=4096, idle_timeout_seconds=75.0)
 
     @property
     def body_limit(self) -> int:
@@ -78,8 +80,9 @@ class GatewaySettings:
 
 
 class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, listener: ListenerMetrics | None = None) -> None:
         r = registry
+        self.listener = listener or ListenerMetrics(r)  # shared with the API's listener when both are guardian's
         self.requests = Counter("guardian_gateway_requests", "Requests through the gateway, by lane, bucket and outcome.",
                                 ["lane", "bucket", "outcome"], registry=r)  # fmt: skip
         self.queue_wait = Histogram("guardian_gateway_queue_wait_seconds", "Time requests waited for admission.",
@@ -106,6 +109,7 @@ class GatewayServer:
         self.down: dict[str, str] = {}  # engines not to route to, and why (dead, starting, unresponsive, refused)
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
         self.address: tuple[str, int] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -125,15 +129,14 @@ class GatewayServer:
             if not routes.admin(path):  # the config refuses them too; this is the last word
                 app.router.add_route("*", path, self._passthrough)
         app.router.add_route("*", "/{tail:.*}", self._not_routed)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        limits = self.settings.listener
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, keepalive_timeout=limits.idle_timeout_seconds)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr, attr-defined]
-        bound = sockets[0].getsockname() if sockets else (host, port)
-        self.address = (bound[0], bound[1])
+        self._server, self.address = await serve(self._runner, host, port, limits, "gateway", self.metrics.listener)
 
     async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
         if self._runner is not None:
             await self._runner.cleanup()
         if self._session is not None:
