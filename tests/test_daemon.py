@@ -219,7 +219,8 @@ def test_sighup_with_bad_config_keeps_serving_and_says_why(tmp_path: Path) -> No
     )
     try:
         events = _events_until(proc, "guardian_started")
-        path.write_text("[guardian]\npoll_interval_seconds = 'soon'\n")
+        secret = "0a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d"  # an auth token pasted as the account SID
+        path.write_text(f"[guardian]\npoll_interval_seconds = 'soon'\n[notify.sms]\naccount_sid = '{secret}'\n")
         proc.send_signal(signal.SIGHUP)
         events += _events_until(proc, "config_reload_refused")
         refused = next(e for e in events if e["event"] == "config_reload_refused")
@@ -234,6 +235,7 @@ def test_sighup_with_bad_config_keeps_serving_and_says_why(tmp_path: Path) -> No
     finally:
         proc.kill()
     assert any("guardian.poll_interval_seconds" in p for p in refused["problems"])
+    assert any("notify.sms.account_sid" in p for p in refused["problems"]) and secret not in json.dumps(refused)
     assert refused["detail"] == "keeping the running config"
     assert status["engines"][0]["name"] == "a"
 

@@ -458,3 +458,54 @@ async def test_thousands_of_malformed_requests_get_no_500_and_log_no_traceback(
     assert statuses[500] == 0 and not any(s >= 500 and s != 503 for s in statuses), statuses
     assert "Traceback" not in out.out + out.err
     assert statuses[400] > 300 and statuses[404] > 100  # the generator does reach both kinds
+
+
+async def test_both_listeners_of_a_running_guardian_take_a_fuzz_without_a_5xx_a_traceback_or_a_missed_poll(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import psutil
+
+    from guardian.daemon import Daemon
+    from guardian.demo import demo_config
+    from guardian.sdnotify import Notifier
+    from guardian.sim import scenarios
+    from guardian.sim.cluster import SimCluster
+
+    cluster = SimCluster(scenarios.get("steady"), engines=1, seed=14)
+    await cluster.start()
+    config = demo_config(cluster, 0, 0.2, tmp_path / "state")
+    (tmp_path / "token").write_text("t\n")
+    config = config.model_copy(update={"guardian": config.guardian.model_copy(update={"api_token_file": tmp_path / "token"})})
+    daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""))
+    await daemon.start()
+    rng = random.Random(15)
+    statuses: Counter[int] = Counter()
+    rss0 = psutil.Process().memory_info().rss
+    try:
+        assert daemon.gateway is not None and daemon.gateway.address and daemon.http_address
+        bases = [f"http://127.0.0.1:{daemon.gateway.address[1]}", f"http://127.0.0.1:{daemon.http_address[1]}"]
+        polls0 = daemon.metrics.polls._value.get()
+        async with aiohttp.ClientSession() as http:
+            for i in range(1500):
+                method, path, raw, headers = _malformed(rng)
+                if i % 3 == 2:  # the API listener: its paths, the same garbage
+                    path = rng.choice(["/api/v1/breaker/sim0", "/api/v1/alerts/ack", "/api/v1/alertmanager", "/status", "/nope"])
+                base = bases[i % 3 == 2]
+                timeout = aiohttp.ClientTimeout(total=0.05 if i % 50 == 0 else 10)  # now and then a client hangs up
+                try:
+                    async with http.request(method, base + path, data=raw, headers=headers, timeout=timeout) as resp:
+                        await resp.read()
+                        statuses[resp.status] += 1
+                except asyncio.TimeoutError:
+                    statuses[0] += 1
+        await asyncio.sleep(0.5)
+        polls = daemon.metrics.polls._value.get() - polls0
+        missed = daemon.metrics.polls_missed._value.get()
+    finally:
+        await daemon.close()
+        await cluster.stop()
+    out = capsys.readouterr()
+    assert not any(s >= 500 and s != 503 for s in statuses), statuses
+    assert "Traceback" not in out.out + out.err
+    assert polls >= 5 and missed == 0
+    assert psutil.Process().memory_info().rss - rss0 < 200 * 2**20
