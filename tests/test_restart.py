@@ -289,3 +289,26 @@ async def test_child_launcher_sees_an_engine_that_died(tmp_path: Path) -> None:
     while await launcher.alive() is not False and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert await launcher.alive() is False
+
+
+async def test_the_child_engines_output_goes_to_its_own_log_not_guardians(tmp_path: Path, capfd: Any) -> None:
+    program = "import sys; print('INFO vllm says hello'); print('WARNING and this', file=sys.stderr)"
+    launcher = ChildLauncher([sys.executable, "-c", program], tmp_path / "e.pid")
+    await launcher.restart({})
+    deadline = time.monotonic() + 30
+    while await launcher.alive() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    out, err = capfd.readouterr()
+    assert "vllm says hello" not in out + err
+    assert launcher.log_file == tmp_path / "e.log"
+    assert launcher.log_file.read_text().splitlines() == ["INFO vllm says hello", "WARNING and this"]
+
+
+def test_a_new_start_time_of_the_launchers_engine_counts_as_a_restart() -> None:
+    from guardian.analysis.engine_stats import EngineTracker
+    from guardian.sample import EngineReading
+
+    tracker = EngineTracker("e", 60.0, 3)
+    seen = [tracker.update(t, EngineReading("e", up=False, healthy=None, process_alive=True, process_started=started), {})
+            for t, started in ((0.0, 1000.0), (1.0, 1000.0), (2.0, 1500.0), (3.0, 1500.0))]  # fmt: skip
+    assert [s.restarts_total for s in seen] == [0, 0, 1, 1]

@@ -32,7 +32,7 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import BinaryIO, Protocol, Sequence
 
 import psutil
 
@@ -42,6 +42,8 @@ from guardian.actions.outcome import Outcome
 from guardian.state import atomic_write
 
 log = logs.get("guardian.launcher")
+
+LOG_KEEP_BYTES = 64 * 2**20  # a child engine's log is rotated (one old file kept) at a start once past this
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,7 @@ class ChildLauncher:
         self.pid_file = pid_file
         self.stop_timeout = stop_timeout
         self.port = port  # the engine's: to find an engine whose identity could not be kept
-        self.describe = f"child process {self.command[0]} (identity in {pid_file})"
+        self.describe = f"child process {self.command[0]} (identity in {pid_file}, output in {pid_file.with_suffix('.log')})"
         self._proc: asyncio.subprocess.Process | None = None  # kept so the child is reaped
         self._identity: Identity | None = None
         self._loaded = False
@@ -171,7 +173,13 @@ class ChildLauncher:
         stopped = await self._stop()
         argv = self.command + to_argv(args)
         try:
-            self._proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+            output = self._output()
+        except OSError as exc:
+            return Outcome("restart", "failed", f"cannot open {self.log_file}: {exc.strerror or exc}")
+        try:
+            with output:  # the child keeps its own descriptor
+                self._proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=output,
+                                                                  stderr=asyncio.subprocess.STDOUT, start_new_session=True)  # fmt: skip
         except OSError as exc:
             return Outcome("restart", "failed", f"cannot start {self.command[0]}: {exc.strerror or exc}")
         try:  # as the kernel tells it after exec: a script's interpreter comes first
@@ -182,6 +190,21 @@ class ChildLauncher:
         self._identity = Identity(self._proc.pid, started, seen)
         self._save()
         return Outcome("restart", "done", f"{stopped}; started pid {self._proc.pid}")
+
+    @property
+    def log_file(self) -> Path:
+        """vLLM's own output, beside its identity file: not mixed into guardian's JSON log (nor held on a caller's pipe)."""
+        return self.pid_file.with_suffix(".log")
+
+    def _output(self) -> BinaryIO:
+        """The engine's log, appended; the previous one kept as ``.log.1`` once it passes LOG_KEEP_BYTES."""
+        try:
+            if self.log_file.stat().st_size > LOG_KEEP_BYTES:
+                os.replace(self.log_file, self.log_file.with_suffix(".log.1"))
+        except FileNotFoundError:
+            pass
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        return self.log_file.open("ab")
 
     def status(self) -> ProcessStatus | None:
         ident = self.identity()

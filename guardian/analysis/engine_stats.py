@@ -132,8 +132,10 @@ class EngineTracker:
         )
 
     def _track_restart(self, reading: EngineReading) -> None:
-        """A new oldest start time in the process tree is a restart (pid reuse cannot fake it)."""
+        """A new oldest start time in the process tree (or of the launcher's process) is a restart; pid reuse cannot fake it."""
         starts = [p.start_time for p in reading.processes or () if p.alive and p.start_time is not None]
+        if not starts and reading.process_alive and reading.process_started is not None:
+            starts = [reading.process_started]  # guardian's child launcher knows its engine without [engines.process]
         if not starts:
             return
         root = min(starts)
