@@ -473,7 +473,7 @@ async def test_both_listeners_of_a_running_guardian_take_a_fuzz_without_a_5xx_a_
 
     cluster = SimCluster(scenarios.get("steady"), engines=1, seed=14)
     await cluster.start()
-    config = demo_config(cluster, 0, 0.2, tmp_path / "state")
+    config = demo_config(cluster, 0, 0.5, tmp_path / "state")  # a poll held past half a second would count as missed
     (tmp_path / "token").write_text("t\n")
     config = config.model_copy(update={"guardian": config.guardian.model_copy(update={"api_token_file": tmp_path / "token"})})
     daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""))
@@ -507,5 +507,5 @@ async def test_both_listeners_of_a_running_guardian_take_a_fuzz_without_a_5xx_a_
     out = capsys.readouterr()
     assert not any(s >= 500 and s != 503 for s in statuses), statuses
     assert "Traceback" not in out.out + out.err
-    assert polls >= 5 and missed == 0
+    assert polls >= 3 and missed == 0
     assert psutil.Process().memory_info().rss - rss0 < 200 * 2**20

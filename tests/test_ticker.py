@@ -42,7 +42,7 @@ async def test_a_wall_clock_stepped_back_an_hour_changes_nothing(monkeypatch: py
     monkeypatch.setattr(time, "time", lambda: real() - 3600)  # NTP steps the clock back an hour
     await asyncio.sleep(0.3)
     await ticker.stop()
-    assert before >= 4 and len(runs) - before >= 4  # it kept ticking
+    assert before >= 2 and len(runs) - before >= 2  # it kept ticking (6 each way on a quiet machine)
     assert runs[-1] < runs[0]  # the jobs did see the stepped clock
 
 
