@@ -817,15 +817,11 @@ class Daemon:
 def _with_processes(
     reading: EngineReading, procs: tuple[tuple[ProcReading, ...] | None, str | None] | None, status: ProcessStatus | None
 ) -> EngineReading:
-    """The reading with its process tree, and its main process: the launcher's word first, else the tree's oldest."""
+    """The reading with its process tree and its launcher's word on its main process (``EngineReading.main_process``)."""
     if procs is not None:
         reading = replace(reading, processes=procs[0], process_error=procs[1])
     if status is not None:
-        return replace(reading, process_alive=status.alive, process_started=status.started)
-    alive = [p for p in reading.processes or () if p.alive]
-    if alive:
-        starts = [p.start_time for p in alive if p.start_time is not None]
-        return replace(reading, process_alive=True, process_started=min(starts) if starts else None)
+        reading = replace(reading, process_alive=status.alive, process_started=status.started)
     return reading
 
 

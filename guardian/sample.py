@@ -135,8 +135,19 @@ class EngineReading:
     processes: tuple[ProcReading, ...] | None = None  # None: not configured or not found
     process_error: str | None = None
     scrape_seconds: float | None = None
-    process_alive: bool | None = None  # the engine's main process, from its launcher or process tree; None: unknown
+    process_alive: bool | None = None  # the engine's main process by its launcher's word; None: no launcher's word
     process_started: float | None = None  # that process's start time (unix seconds): a new one is a new process
+
+    @property
+    def main_process(self) -> tuple[bool | None, float | None]:
+        """(alive, start time) of the engine's main process: its launcher's word, else the oldest live process of its tree."""
+        if self.process_alive is not None:
+            return self.process_alive, self.process_started
+        alive = [p for p in self.processes or () if p.alive]
+        if not alive:
+            return None, None
+        starts = [p.start_time for p in alive if p.start_time is not None]
+        return True, min(starts) if starts else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -272,8 +272,9 @@ class ChildLauncher:
         if proc is not None and ident.matches(proc):
             log.info("engine_adopted", pid=ident.pid, file=str(self.pid_file))
             return ident
-        if ident.members():
-            log.warning("engine_orphans_found", pid=ident.pid, orphans=[p.pid for p in ident.members()],
+        orphans = ident.members()
+        if orphans:
+            log.warning("engine_orphans_found", pid=ident.pid, orphans=[p.pid for p in orphans],
                         detail="the engine's server is gone but processes of its group live on; a start stops them")  # fmt: skip
             return ident
         if proc is not None and proc.is_running():

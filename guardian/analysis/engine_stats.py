@@ -132,13 +132,10 @@ class EngineTracker:
         )
 
     def _track_restart(self, reading: EngineReading) -> None:
-        """A new oldest start time in the process tree (or of the launcher's process) is a restart; pid reuse cannot fake it."""
-        starts = [p.start_time for p in reading.processes or () if p.alive and p.start_time is not None]
-        if not starts and reading.process_alive and reading.process_started is not None:
-            starts = [reading.process_started]  # guardian's child launcher knows its engine without [engines.process]
-        if not starts:
+        """A new start time of the engine's main process (launcher's, or the tree's oldest) is a restart; pid reuse cannot fake it."""
+        alive, root = reading.main_process
+        if not alive or root is None:
             return
-        root = min(starts)
         if self._root_start is not None and root > self._root_start + 1.0:
             self.restarts += 1
         self._root_start = root

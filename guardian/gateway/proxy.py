@@ -296,10 +296,9 @@ class GatewayServer:
                     await response.write(chunk)
                 await response.write_eof()
                 return response
-        except aiohttp.ClientConnectorError as exc:
-            self.set_available(engine, False, "refused")  # until the next poll says otherwise
-            return _error(502, f"the gateway could not reach {engine}: {type(exc).__name__}", "BadGatewayError")
-        except asyncio.TimeoutError as exc:
+        except (aiohttp.ClientConnectorError, asyncio.TimeoutError) as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                self.set_available(engine, False, "refused")  # until the next poll says otherwise
             return _error(502, f"the gateway could not reach {engine}: {type(exc).__name__}", "BadGatewayError")
 
     def _lane(self, request: web.Request, bucket: Bucket | None) -> Lane:

@@ -114,7 +114,7 @@ class Outbox:
                     raise TypeError(f"wrong type in {', '.join(wrong) or 'facts or keys'}")
             except FileNotFoundError:
                 continue
-            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            except (ValueError, TypeError, KeyError) as exc:
                 self._quarantine(path, f"{type(exc).__name__}: {exc}")
                 continue
             yield env

@@ -75,7 +75,7 @@ def evidence(
 def observation(reading: EngineReading, wall: float) -> lifecycle.Observation:
     """An answer is /health 200, or /metrics scraped when /health was not asked or gave no verdict."""
     answered = reading.healthy is True or (reading.healthy is None and reading.up and reading.error_kind is None)
+    alive, started = reading.main_process
     return lifecycle.Observation(
-        answered=answered, refused=reading.error_kind == "refused", process_alive=reading.process_alive,
-        process_started=reading.process_started, wall=wall,
-    )  # fmt: skip
+        answered=answered, refused=reading.error_kind == "refused", process_alive=alive, process_started=started, wall=wall
+    )
