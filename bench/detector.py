@@ -1,29 +1,35 @@
-"""Leak detector vs a predict_linear baseline on synthetic traces with ground truth.
+"""The leak detector on realistic nvidia-smi logs with ground truth, per dimension.
 
-    python bench/detector.py [--traces 20] [--days 7]
+    python bench/detector.py [--logs 2] [--seed 0] [--jobs 2]
 
-Traces (guardian/sim/traces.py, 1 Hz, noise sigma = 0.2% of an 80 GiB GPU):
-- staircase: steps of 0.5%, 1%, 2%, 5% of vLLM's budget at random times
-  (10-40 min apart, as many as fit under the GPU's total), with spikes
-  given back in between; ``--traces`` traces per size;
-- leak-free: ``--days`` simulated days of warm-ups, restarts, allocation
-  sawtooth (period 8-30 s, 1-4% of the budget) and spikes given back
-  (1-5% for 3-120 s).
+Logs come from guardian/sim/smi_logs.py: every background (flat, fast and
+slow sawtooth, slow ramp, spikes, restarts) × sampling interval (-l 1, 5, 60)
+× step size (0.3–5% of the card), ``--logs`` seeded files per cell, each
+with 1–8 GPUs on a 24/80/141 GB card, model loads of 30–600 s, gaps, and a
+third of them cut off mid-line. Every file goes through ``guardian
+analyze``'s own reading and detection (written to disk, read back).
 
-Per injected step: delay = samples from the step to the detector reporting
-a step whose change point is within 30 s of it, before the next step; the
-baseline "detects" a step at the first sample after it where its alarm is on
-(generous: an alarm still on from the previous step counts at once). False
-alarms: alarm episodes (separated by 5 min without an alarm) on the
-leak-free traces, per simulated week; for guardian the alarm is its leak
-verdict, and its spurious steps are counted too.
+Scoring, per GPU:
+- true steps while nvidia-smi was not running are left out (no one can
+  place them);
+- a reported step (held, or given back by a restart; not one the detector
+  itself took back as a transient) matches the latest true step at or
+  before it (one sample of slack) when it is at most ``max(10 min, 10
+  samples, the background's period + 5 min)`` late; a second report of the
+  same step is a split; a report before any step it could match is early;
+- recall over true steps, precision over reported steps (those ≥ 0.75% of
+  the card for the ≥ 1% figures);
+- size error |reported − true| / true and time error reported − true on matches;
+- verdict: the whole-log verdict (any leak episode) against the truth (a
+  run of the engine with 3 steps within 6 h); false leak verdicts per
+  leak-free GPU-week; daemon mode: the live leak alarm's episodes on
+  leak-free GPUs per GPU-week, as ``guardian run`` would have raised them;
+- CPU seconds per million rows for reading and analysing.
 
-Baseline: PromQL ``predict_linear(mem[15m], 3600) > capacity``, i.e. a least
-squares line over the last 900 samples, alarm when it reaches the GPU's total
-within an hour.
-
-Targets (issue 3): 1% steps found with median delay <= 30 samples; < 1 false
-alarm per simulated week; better than the baseline on both.
+Targets (issue 16): steps ≥ 1%: recall and precision ≥ 90% at -l 1 and -l 5
+on every background, ≥ 80% at -l 60; verdict accuracy ≥ 95%; false leak
+verdicts ≤ 0.1 and daemon false episodes ≤ 0.5 per GPU-week; median size
+error ≤ 10%; no early step; ≤ 60 s CPU per million rows.
 """
 
 from __future__ import annotations
@@ -31,151 +37,201 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
-from collections import deque
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from guardian.analysis.leak import LeakDetector, LeakParams  # noqa: E402
-from guardian.sim import traces  # noqa: E402
+from guardian import analyze  # noqa: E402
+from guardian.analysis.leak import LeakParams  # noqa: E402
+from guardian.sim import smi_logs  # noqa: E402
 
-SIZES = (0.005, 0.01, 0.02, 0.05)
-WEEK = 7 * 86400
-MATCH_SECONDS = 30
-EPISODE_GAP = 300
-
-
-class PredictLinear:
-    """predict_linear over a sliding window, O(1) per sample with running sums."""
-
-    def __init__(self, window: int = 900, horizon: float = 3600.0) -> None:
-        self.window = window
-        self.horizon = horizon
-        self.points: deque[tuple[float, float]] = deque()
-        self.sx = self.sy = self.sxx = self.sxy = 0.0
-
-    def alarm(self, t: float, y: float, capacity: float) -> bool:
-        self.points.append((t, y))
-        self.sx += t
-        self.sy += y
-        self.sxx += t * t
-        self.sxy += t * y
-        if len(self.points) > self.window:
-            ot, oy = self.points.popleft()
-            self.sx -= ot
-            self.sy -= oy
-            self.sxx -= ot * ot
-            self.sxy -= ot * oy
-        n = len(self.points)
-        if n < self.window // 2:
-            return False
-        mean_t = self.sx / n
-        var = self.sxx / n - mean_t * mean_t
-        if var <= 0:
-            return False
-        slope = (self.sxy / n - mean_t * self.sy / n) / var
-        intercept = self.sy / n - slope * mean_t
-        return intercept + slope * (t + self.horizon) > capacity
+WEEK = 7 * 86400.0
+BIG = 0.01  # the targets are for steps of at least 1% of the card
 
 
-def run_guardian(trace: traces.Trace, params: LeakParams) -> tuple[list[tuple[float, float]], list[int], int]:
-    """(change point, found at) of every step found, the seconds the leak verdict was on, steps held at the end."""
-    det = LeakDetector(trace.budget, trace.capacity, params)
-    found: list[tuple[float, float]] = []
-    alarms: list[int] = []
-    report = None
-    for t, value in enumerate(trace.values):
-        report = det.update(float(t), value)
-        found.extend((s.t, s.found_at) for s in report.new_steps)
-        if report.leak:
-            alarms.append(t)
-    return found, alarms, len(report.held_steps) if report else 0
+@dataclass
+class Score:
+    """Counts for one cell of a table; they add up."""
+
+    true_steps: int = 0
+    found: int = 0
+    reported: int = 0
+    correct: int = 0
+    split: int = 0
+    early: int = 0
+    size_errors: list[float] = field(default_factory=list)
+    time_errors: list[float] = field(default_factory=list)
+    gpus: int = 0
+    verdicts_right: int = 0
+    false_verdicts: int = 0
+    clean_seconds: float = 0.0
+    live_false: int = 0
+    rows: int = 0
+    cpu: float = 0.0
+    parse_wrong: int = 0
+
+    def add(self, other: Score) -> None:
+        for name, value in vars(other).items():
+            if isinstance(value, list):
+                getattr(self, name).extend(value)
+            else:
+                setattr(self, name, getattr(self, name) + value)
 
 
-def run_baseline(trace: traces.Trace) -> list[int]:
-    base = PredictLinear()
-    return [t for t, value in enumerate(trace.values) if base.alarm(float(t), value, trace.capacity)]
+def score_log(args: tuple[int, float, str, float]) -> tuple[tuple[float, str, float], Score, Score]:
+    """(cell, all steps, steps ≥ 1%) for one seeded log."""
+    seed, interval, background, ratio = args
+    log = smi_logs.generate(seed, interval, background, ratio)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "smi.csv"
+        path.write_text(log.text)
+        started = time.process_time()
+        series, _problems = analyze.read([path])
+        verdicts = analyze.analyze(series, LeakParams())
+        cpu = time.process_time() - started
+    every, big = Score(rows=log.rows, cpu=cpu), Score()
+    by_gpu = {v.series.gpu: v for v in verdicts}
+    for truth in log.gpus:
+        v = by_gpu.get(str(truth.index))
+        every.gpus += 1
+        if v is None:
+            every.parse_wrong += 1
+            continue
+        if v.series.total != truth.total:
+            every.parse_wrong += 1
+        _score_steps(truth, v, interval, log.gaps, every, big)
+        leak = bool(v.episodes)
+        every.verdicts_right += leak == truth.leak
+        if not truth.leak:
+            every.clean_seconds += log.end - log.start
+            every.false_verdicts += leak
+            every.live_false += len(v.alarms)
+    return (interval, background, ratio), every, big
 
 
-def step_delays(trace: traces.Trace, found: list[tuple[float, float]]) -> list[float | None]:
-    delays: list[float | None] = []
-    for i, (t, _) in enumerate(trace.steps):
-        until = trace.steps[i + 1][0] if i + 1 < len(trace.steps) else len(trace.values)
-        hits = [at - t for cp, at in found if abs(cp - t) <= MATCH_SECONDS and t <= at < until]
-        delays.append(min(hits) if hits else None)
-    return delays
+def _score_steps(
+    truth: smi_logs.GpuTruth, v: analyze.Verdict, interval: float, gaps: list[tuple[float, float]], every: Score, big: Score
+) -> None:
+    late = max(600.0, 10 * interval, truth.period + 300.0)
+    true = sorted((s for s in truth.steps if not any(a <= s.t <= b for a, b in gaps)), key=lambda s: s.t)
+    reported = sorted((s for s in v.steps if s.ended_by != "transient"), key=lambda s: s.t)
+    matched: set[int] = set()
+    big_size = 0.79 * BIG * truth.total  # the 1% class drawn at ±25%: 0.8–1.25%
+    every.true_steps += len(true)
+    big.true_steps += sum(1 for s in true if s.size >= big_size)
+    for step in reported:
+        j = max((i for i, s in enumerate(true) if s.t <= step.t + interval), default=None)
+        big_report = step.size >= 0.75 * BIG * truth.total
+        cells = (every, big) if big_report else (every,)
+        for cell in cells:
+            cell.reported += 1
+        if j is None or step.t - true[j].t > late:
+            after = [s for s in true if s.t > step.t + interval]
+            if after and after[0].t - step.t <= late:
+                for cell in cells:
+                    cell.early += 1
+            continue
+        if j in matched:
+            for cell in cells:
+                cell.split += 1
+            continue
+        matched.add(j)
+        err_size = abs(step.size - true[j].size) / true[j].size
+        err_time = step.t - true[j].t
+        targets = (every, big) if true[j].size >= big_size else (every,)
+        for cell in targets:
+            cell.found += 1
+            cell.size_errors.append(err_size)
+            cell.time_errors.append(err_time)
+        for cell in cells:
+            cell.correct += 1
 
 
-def baseline_delays(trace: traces.Trace, alarms: list[int]) -> list[float | None]:
-    on = set(alarms)
-    delays: list[float | None] = []
-    for i, (t, _) in enumerate(trace.steps):
-        until = trace.steps[i + 1][0] if i + 1 < len(trace.steps) else len(trace.values)
-        first = next((s for s in range(t, until) if s in on), None)
-        delays.append(None if first is None else first - t)
-    return delays
+def pct(a: int, b: int) -> str:
+    return f"{100 * a / b:5.1f}%" if b else "    —"
 
 
-def episodes(seconds: list[int]) -> int:
-    count, last = 0, None
-    for s in seconds:
-        if last is None or s - last > EPISODE_GAP:
-            count += 1
-        last = s
-    return count
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
 
 
-def summary(delays: list[float | None]) -> str:
-    hit = sorted(d for d in delays if d is not None)
-    if not hit:
-        return f"{'—':>7} {'—':>7} {0:>4}/{len(delays):<4}"
-    p95 = hit[min(len(hit) - 1, int(round(0.95 * (len(hit) - 1))))]
-    return f"{statistics.median(hit):7.0f} {p95:7.0f} {len(hit):>4}/{len(delays):<4}"
+def p95(values: list[float]) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--traces", type=int, default=20, help="staircase traces per step size (default 20)")
-    parser.add_argument("--hours", type=float, default=6, help="length of a staircase trace (default 6)")
-    parser.add_argument("--days", type=int, default=7, help="simulated days of leak-free traces (default 7)")
+    parser.add_argument("--logs", type=int, default=2, help="seeded log files per background × interval × step size (default 2)")
+    parser.add_argument("--seed", type=int, default=0, help="first seed (default 0; the held-out set uses others)")
+    parser.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
     args = parser.parse_args()
-    params = LeakParams()
+    cells = [
+        (args.seed * 100_000 + n * 1000 + i, interval, background, ratio)
+        for i, (interval, background, ratio) in enumerate(
+            (iv, bg, r) for iv in smi_logs.INTERVALS for bg in smi_logs.BACKGROUNDS for r in smi_logs.STEP_RATIOS
+        )
+        for n in range(args.logs)
+    ]
+    every: dict[tuple[float, str, float], Score] = defaultdict(Score)
+    big: dict[tuple[float, str, float], Score] = defaultdict(Score)
     started = time.perf_counter()
-    samples = 0
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for done, (cell, a, b) in enumerate(pool.map(score_log, cells, chunksize=1), 1):
+            every[cell].add(a)
+            big[cell].add(b)
+            if done % 30 == 0 or done == len(cells):
+                print(f"  … {done}/{len(cells)} logs scored", file=sys.stderr, flush=True)
+    wall = time.perf_counter() - started
 
-    print(f"detection delay in samples (1 Hz) per step size, {args.traces} staircase traces of {args.hours:g} h each")
-    print(f"{'step':>6} | {'guardian: median':>16} {'p95':>7} {'found':>9} | {'predict_linear: median':>22} {'p95':>7} {'found':>9}")
-    for size in SIZES:
-        ours: list[float | None] = []
-        theirs: list[float | None] = []
-        for seed in range(args.traces):
-            trace = traces.staircase(int(args.hours * 3600), seed=1000 + seed, step_ratio=size)
-            found, _, _ = run_guardian(trace, params)
-            ours += step_delays(trace, found)
-            theirs += baseline_delays(trace, run_baseline(trace))
-            samples += len(trace.values)
-        print(f"{size:6.1%} | {summary(ours):>34} | {summary(theirs):>40}")
+    def total(table: dict[tuple[float, str, float], Score], pick) -> Score:  # type: ignore[no-untyped-def]
+        out = Score()
+        for key, value in table.items():
+            if pick(key):
+                out.add(value)
+        return out
 
-    g_alarms = g_steps = g_held = b_alarms = 0
-    seconds = 0
-    for day in range(args.days):
-        trace = traces.healthy_day(86400, seed=5000 + day)
-        found, alarms, held = run_guardian(trace, params)
-        g_alarms += episodes(alarms)
-        g_steps += len(found)
-        g_held += held
-        b_alarms += episodes(run_baseline(trace))
-        seconds += len(trace.values)
-        samples += len(trace.values)
-    weeks = seconds / WEEK
-    print(f"\nleak-free: {args.days} simulated days (restarts, warm-ups, sawtooth, spikes given back)")
-    print(f"  guardian:       {g_alarms / weeks:5.2f} false leak alarms per week   ({g_steps / weeks:.1f} spurious steps "
-          f"per week, all but {g_held} given back by the end of their day)")  # fmt: skip
-    print(f"  predict_linear: {b_alarms / weeks:5.2f} false alarms per week")
-    elapsed = time.perf_counter() - started
-    print(f"\n{samples} samples in {elapsed:.1f} s ({elapsed / samples * 1e6:.1f} µs per sample, both detectors)")
-    print("targets: 1% steps median delay <= 30 samples; < 1 false alarm per week; better than predict_linear on both")
+    print(f"\nsteps ≥ 1% of the card: recall / precision per sampling interval and background ({args.logs} logs per cell)")
+    print(f"{'background':>14} | " + " | ".join(f"{'-l ' + format(iv, 'g'):>15}" for iv in smi_logs.INTERVALS))
+    for bg in smi_logs.BACKGROUNDS:
+        row = []
+        for iv in smi_logs.INTERVALS:
+            s = total(big, lambda k, iv=iv, bg=bg: k[0] == iv and k[1] == bg)
+            row.append(f"{pct(s.found, s.true_steps)} {pct(s.correct, s.reported)}")
+        print(f"{bg:>14} | " + " | ".join(f"{cell:>15}" for cell in row))
+    for iv in smi_logs.INTERVALS:
+        s = total(big, lambda k, iv=iv: k[0] == iv)
+        print(f"{'all -l ' + format(iv, 'g'):>14} | recall {pct(s.found, s.true_steps)}  precision {pct(s.correct, s.reported)}")
+
+    print("\nrecall per step size (all steps) and sampling interval")
+    print(f"{'step':>6} | " + " | ".join(f"{'-l ' + format(iv, 'g'):>8}" for iv in smi_logs.INTERVALS))
+    for ratio in smi_logs.STEP_RATIOS:
+        cells_ = [total(every, lambda k, iv=iv, r=ratio: k[0] == iv and k[2] == r) for iv in smi_logs.INTERVALS]
+        print(f"{ratio:6.1%} | " + " | ".join(f"{pct(s.found, s.true_steps):>8}" for s in cells_))
+
+    a = total(every, lambda k: True)
+    b = total(big, lambda k: True)
+    weeks = a.clean_seconds / WEEK
+    print(f"\nall steps: recall {pct(a.found, a.true_steps)}, precision {pct(a.correct, a.reported)}; "
+          f"≥ 1%: recall {pct(b.found, b.true_steps)}, precision {pct(b.correct, b.reported)}")  # fmt: skip
+    print(f"size error (≥ 1%): median {median(b.size_errors):.1%}, p95 {p95(b.size_errors):.1%}")
+    print(f"time error (≥ 1%): median {median(b.time_errors):.0f} s, p95 {p95(b.time_errors):.0f} s; "
+          f"early reports {a.early}, split steps {a.split}")  # fmt: skip
+    print(f"verdicts: {pct(a.verdicts_right, a.gpus)} right over {a.gpus} GPUs; false leak verdicts "
+          f"{a.false_verdicts / weeks:.2f} per GPU-week; daemon-mode false episodes {a.live_false / weeks:.2f} "
+          f"per GPU-week ({weeks:.1f} leak-free GPU-weeks)")  # fmt: skip
+    print(f"card total or GPU misread: {a.parse_wrong} of {a.gpus} GPUs")
+    print(f"cost: {a.rows} rows, {a.cpu:.1f} s CPU = {a.cpu / a.rows * 1e6:.1f} s per million rows ({wall:.0f} s wall)")
+    print("targets: ≥ 1% recall/precision ≥ 90% at -l 1 and -l 5 per background, ≥ 80% at -l 60; verdicts ≥ 95%; "
+          "false verdicts ≤ 0.1 and daemon episodes ≤ 0.5 per GPU-week; median size error ≤ 10%; no early step; "
+          "≤ 60 s CPU per million rows")  # fmt: skip
     return 0
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from guardian.analysis.leak import LeakDetector, LeakParams, LeakReport
+from guardian.analysis.leak import Episode, LeakDetector, LeakParams, LeakReport, Step, episodes
 from guardian.plotting import PlotUnavailable, pyplot
 
 MiB = 2**20
@@ -32,14 +33,26 @@ class Series:
     source: str
     times: list[float] = field(default_factory=list)  # unix seconds
     used: list[float] = field(default_factory=list)  # bytes
-    total: float | None = None
+    totals: Counter[float] = field(default_factory=Counter)  # memory.total as the rows give it
+
+    @property
+    def total(self) -> float | None:
+        """The card's memory: the value most rows agree on (a row cut while written gives another)."""
+        return self.totals.most_common(1)[0][0] if self.totals else None
 
 
 @dataclass(frozen=True)
 class Verdict:
     series: Series
-    report: LeakReport
+    report: LeakReport  # the state at the log's end
     samples: int
+    steps: tuple[Step, ...]  # every step over the whole log
+    episodes: list[Episode]  # the leaks over the whole log, in hindsight
+    alarms: list[tuple[float, float | None]]  # when guardian run's live leak verdict would have been on
+
+    @property
+    def leak(self) -> bool:
+        return bool(self.episodes) or self.report.leak
 
 
 class InputError(ValueError):
@@ -72,7 +85,12 @@ def read(paths: list[Path]) -> tuple[list[Series], list[str]]:
 def _read_csv(path: Path, text: str, series: dict[tuple[str, str], Series], problems: list[str]) -> None:
     columns: list[str] | None = None
     units: list[float | None] = []
-    for lineno, row in enumerate(csv.reader(text.splitlines(), skipinitialspace=True), 1):
+    lines = text.splitlines()
+    if lines and not text.endswith(("\n", "\r")):
+        # nvidia-smi writes a row and its newline at once: a last line without one was cut off mid-write
+        problems.append(f"{path}:{len(lines)}: last line cut off mid-write, skipped: {lines[-1][:80]!r}")
+        lines.pop()
+    for lineno, row in enumerate(csv.reader(lines, skipinitialspace=True), 1):
         if not row or not "".join(row).strip():
             continue
         if row[0].strip().lower().startswith("timestamp"):
@@ -82,7 +100,9 @@ def _read_csv(path: Path, text: str, series: dict[tuple[str, str], Series], prob
                 problems.append(f"{path}:{lineno}: header lacks {', '.join(sorted(missing))}; rows skipped until the next header")
                 columns = []
             continue
-        names = columns if columns is not None else list(_QUERY_ORDER[: len(row)])
+        if columns is None:  # no header: the query's order, as wide as the first row
+            columns = list(_QUERY_ORDER[: len(row)])
+        names = columns
         if not names:
             continue
         if len(row) != len(names):
@@ -102,7 +122,7 @@ def _read_csv(path: Path, text: str, series: dict[tuple[str, str], Series], prob
         s.times.append(t)
         s.used.append(used)
         if total is not None:
-            s.total = total
+            s.totals[total] += 1
 
 
 def _header(row: list[str]) -> tuple[list[str], list[float | None]]:
@@ -172,7 +192,7 @@ def _read_jsonl(path: Path, text: str, series: dict[tuple[str, str], Series], pr
             s.times.append(wall)
             s.used.append(float(used))
             if gpu.get("memory_total_bytes"):
-                s.total = float(gpu["memory_total_bytes"])
+                s.totals[float(gpu["memory_total_bytes"])] += 1
 
 
 # -- analysing ----------------------------------------------------------------------
@@ -184,10 +204,16 @@ def analyze(series: list[Series], params: LeakParams) -> list[Verdict]:
         total = s.total or max(s.used)
         det = LeakDetector(budget=total, capacity=s.total, params=params)
         report = None
+        alarms: list[tuple[float, float | None]] = []
         for t, value in zip(s.times, s.used):
             report = det.update(t, value)
+            if report.leak and (not alarms or alarms[-1][1] is not None):
+                alarms.append((t, None))
+            elif not report.leak and alarms and alarms[-1][1] is None:
+                alarms[-1] = (alarms[-1][0], t)
         assert report is not None
-        verdicts.append(Verdict(s, report, len(s.times)))
+        steps = report.steps
+        verdicts.append(Verdict(s, report, len(s.times), steps, episodes(steps, params), alarms))
     return verdicts
 
 
@@ -197,26 +223,51 @@ def render(verdicts: list[Verdict]) -> str:
         s, r = v.series, v.report
         total = f", total {s.total / GiB:.1f} GiB" if s.total else ""
         out.append(f"GPU {s.gpu} ({s.source}: {v.samples} samples, {_when(s.times[0])} → {_when(s.times[-1])}{total})")
-        held = r.held_steps
-        out.append(f"  steps held: {len(held)}")
-        for step in held:
-            out.append(f"    {_when(step.t)}  {step.size / GiB:+.2f} GiB")
-        given_back = len(r.steps) - len(held)
-        if given_back:
-            out.append(f"  steps given back (spikes, sawtooth, memory freed): {given_back}")
-        if r.level is not None:
-            of = f" of {s.total / GiB:.1f} GiB" if s.total else ""
-            out.append(f"  overhang {r.overhang / GiB:+.2f} GiB; level {r.level / GiB:.2f} GiB{of}")
+        real = [step for step in v.steps if step.ended_by != "transient"]
+        held = [step for step in real if step.given_back_at is None]
+        out.append(f"  steps: {len(real)} found, {len(held)} still held at the end")
+        for step in real:
+            fate = "" if step.ended_by is None else f"  (given back {_how(step)} at {_when(step.given_back_at or 0)})"
+            out.append(f"    {_when(step.t)}  {step.size / GiB:+.2f} GiB{fate}")
+        transients = len(v.steps) - len(real)
+        if transients:
+            out.append(f"  transients taken back (long spikes, sawtooth teeth): {transients}")
+        for e in v.episodes:
+            sizes = f"{len(e.steps)} steps, {e.rise / GiB:+.2f} GiB"
+            if e.end is None:
+                out.append(f"  leak: from {_when(e.start)} to the end of the log ({sizes}, still held)")
+            else:
+                out.append(f"  leak: {_when(e.start)} → {_when(e.end)} ({sizes}, then {_ended(e)} at {_when(e.end)})")
         if r.warming_up:
-            out.append("  verdict: too short to judge (still inside the warm-up window)")
-        elif r.leak:
-            out.append(f"  verdict: LEAK ({len(held)} steps held; confidence {r.confidence:.2f})")
-        else:
-            out.append(f"  verdict: no leak (confidence of a leak {r.confidence:.2f})")
-        if r.time_to_exhaustion is not None and held:
+            out.append("  at the end: a model load is still under way (memory still rising)")
+        elif r.level is not None:
+            of = f" of {s.total / GiB:.1f} GiB" if s.total else ""
+            state = "a leak" if r.leak else "no leak"
+            out.append(f"  at the end: {state}; floor {r.level / GiB:.2f} GiB{of}, {r.overhang / GiB:+.2f} GiB since the load")
+        if r.time_to_exhaustion is not None and r.held_steps:
             end = s.times[-1] + r.time_to_exhaustion
             out.append(f"  projected exhaustion: in {r.time_to_exhaustion / 3600:.1f} h at the current step rate (around {_when(end)})")
+        if v.leak:
+            out.append(f"  verdict: LEAK ({_episodes_brief(v)})")
+        elif v.samples and r.warming_up and r.level is None and not v.steps:
+            out.append("  verdict: too short to judge (the log ends inside a model load)")
+        else:
+            out.append(f"  verdict: no leak (confidence of a leak at the end {r.confidence:.2f})")
     return "\n".join(out)
+
+
+def _how(step: Step) -> str:
+    return {"restart": "by a restart", "freed": "as memory was freed"}.get(step.ended_by or "", "")
+
+
+def _ended(e: Episode) -> str:
+    return "restarted" if e.ended_by == "restart" else "freed"
+
+
+def _episodes_brief(v: Verdict) -> str:
+    if not v.episodes:
+        return f"the floor rose {v.report.overhang / GiB:+.2f} GiB"
+    return "; ".join(f"{len(e.steps)} steps from {_when(e.start)}" + ("" if e.end is None else f", {_ended(e)} at {_when(e.end)}") for e in v.episodes)
 
 
 def to_json(verdicts: list[Verdict]) -> list[dict[str, Any]]:
@@ -225,13 +276,40 @@ def to_json(verdicts: list[Verdict]) -> list[dict[str, Any]]:
             "gpu": v.series.gpu,
             "source": v.series.source,
             "samples": v.samples,
-            "leak": v.report.leak,
-            "confidence": v.report.confidence,
-            "overhang_bytes": v.report.overhang,
-            "time_to_exhaustion_seconds": v.report.time_to_exhaustion,
-            "steps": [
-                {"at": _when(s.t), "size_bytes": s.size, "given_back": s.given_back_at is not None} for s in v.report.steps
+            "total_bytes": v.series.total,
+            "leak": v.leak,
+            "episodes": [
+                {
+                    "start": _when(e.start),
+                    "end": None if e.end is None else _when(e.end),
+                    "ended_by": e.ended_by,
+                    "steps": len(e.steps),
+                    "rise_bytes": e.rise,
+                }
+                for e in v.episodes
             ],
+            "at_end": {
+                "leak": v.report.leak,
+                "warming_up": v.report.warming_up,
+                "floor_bytes": v.report.level,
+                "overhang_bytes": v.report.overhang,
+                "confidence": v.report.confidence,
+                "held_steps": len(v.report.held_steps),
+                "time_to_exhaustion_seconds": v.report.time_to_exhaustion,
+            },
+            "live_alarms": [{"start": _when(a), "end": None if b is None else _when(b)} for a, b in v.alarms],
+            "steps": [
+                {
+                    "at": _when(s.t),
+                    "size_bytes": s.size,
+                    "given_back": s.given_back_at is not None,
+                    "ended_by": s.ended_by,
+                    "given_back_at": None if s.given_back_at is None else _when(s.given_back_at),
+                }
+                for s in v.steps
+                if s.ended_by != "transient"
+            ],
+            "transients": sum(1 for s in v.steps if s.ended_by == "transient"),
         }
         for v in verdicts
     ]
@@ -254,12 +332,14 @@ def plot(verdicts: list[Verdict], out: Path) -> None:
         low = sorted(s.used)[len(s.used) // 50] / GiB
         high = max(max(s.used), s.total or 0) / GiB
         ax.set_ylim(max(0.0, low - 0.05 * (high - low) - 0.5), high + 0.05 * (high - low) + 0.5)
-        for step in v.report.steps:
-            held = step.given_back_at is None
-            ax.axvline((step.t - t0) / 3600, color="#d62728" if held else "#bbbbbb", lw=1.2 if held else 0.8,
-                       ls="-" if held else "--")  # fmt: skip
-        verdict = "LEAK" if v.report.leak else "no leak"
-        ax.set_title(f"GPU {s.gpu}: {len(v.report.held_steps)} steps held ({verdict}); red = step, grey = given back")
+        for step in v.steps:
+            if step.ended_by != "transient":
+                ax.axvline((step.t - t0) / 3600, color="#d62728", lw=1.2)
+        for e in v.episodes:
+            ax.axvspan((e.start - t0) / 3600, ((e.end or s.times[-1]) - t0) / 3600, color="#d62728", alpha=0.08)
+        verdict = "LEAK" if v.leak else "no leak"
+        steps = sum(1 for step in v.steps if step.ended_by != "transient")
+        ax.set_title(f"GPU {s.gpu}: {steps} steps ({verdict}); red lines = steps, shaded = leak present")
         ax.set_xlabel(f"hours since {_when(t0)}")
         ax.set_ylabel("GiB")
         ax.legend(loc="lower right", fontsize=8)

@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("files", nargs="+", type=Path, metavar="FILE")
     analyze.add_argument("--plot", type=Path, metavar="PNG", help="draw the memory curves with the steps marked (needs matplotlib)")
     analyze.add_argument("--json", action="store_true", help="print JSON instead of text")
-    analyze.add_argument("--warmup", type=float, default=300.0, metavar="SECONDS", help="at the start of a log and after a restart, ignore this long: a server's start-up is not a leak (default: 300)")
+    analyze.add_argument("--warmup", type=float, default=60.0, metavar="SECONDS", help="after a start, at least this long is the model load (default: 60); the load lasts until memory stops rising, however long that takes")
 
     replay = sub.add_parser(
         "replay",
@@ -458,7 +458,7 @@ def _analyze(args: argparse.Namespace) -> int:
             print(f"guardian analyze: {exc}", file=sys.stderr)
             return 2
         print(f"plot written to {args.plot}", file=sys.stderr)
-    return 1 if any(v.report.leak for v in verdicts) else 0
+    return 1 if any(v.leak for v in verdicts) else 0
 
 
 def _replay(args: argparse.Namespace) -> int:

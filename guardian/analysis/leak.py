@@ -1,32 +1,43 @@
 """Stepwise memory leaks: the staircase in nvidia-smi, found one step at a time.
 
-vLLM pre-allocates its pool, so a healthy server's memory is flat; what is
-not flat is noise (sampling jitter), allocation sawtooth (rises and falls
-back to the same floor), warm-up after a (re)start (CUDA graph capture), and
-one-off spikes that are given back. A leak is a rise of the *floor* that
-stays.
+vLLM pre-allocates its pool, so a healthy server's memory is flat once
+loaded; what is not flat is noise, the model load (weights, then the KV
+pool's jump to most of the card, then CUDA graphs), a background that rises
+and falls back to the same floor (allocation sawtooth of any period, spikes
+given back), a slow creep that stops, and restarts. A leak is a rise of the
+*floor* that stays, in steps.
 
-Method: a one-sided Page CUSUM on a robust level, with a hold test.
+Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
 
-1. The level is the median of the last ``median_samples`` readings, which
-   removes single-sample outliers without smearing a step.
-2. CUSUM ``S = max(0, S + m - L - k)`` against the accepted level ``L``
-   with ``k`` half the smallest step of interest; when ``S`` passes ``h`` a
-   candidate step starts where ``S`` last left zero (the change point).
-3. The candidate becomes a step only if the level stays above ``L + k``
-   for every one of the next ``hold_samples`` readings: the *minimum* is
-   tested, not the mean, because sawtooth and spikes are defined by falling
-   back to the floor. A fall-back during the hold discards the candidate; a
-   fall-back after it marks the step as given back.
-4. ``k`` and ``h`` scale with the larger of ``min_step_ratio × budget`` and a
-   robust noise estimate (MAD of first differences, insensitive to the steps
-   themselves), so one setting works for quiet and noisy series.
+1. **Load by behaviour.** After a start nothing counts until memory has
+   stopped rising for ``settle_seconds`` (and at least ``warmup_seconds``
+   passed); a rise of ``load_jump_ratio`` of the budget later on (a long
+   compile ended and the KV pool arrived) is more of the load, not a step,
+   and the steps seen since the start go with it. Live, the daemon says
+   when the engine turned healthy (``ready``).
+2. **The floor on the background's own time scale.** The level is the lower
+   envelope: the minimum over a window ``W``. ``W`` is 1.5× the longest
+   time the memory recently stayed off its floor (the background's period:
+   a sawtooth's tooth, a spike), at least ``envelope_seconds``. A rising
+   flank is then not a staircase, and a step under a tall tooth still
+   lifts the floor.
+3. **A step** is the envelope above the floor by ``k`` for ``hold_seconds``
+   (or ``W`` if longer), no longer climbing, and reached *abruptly*: a floor
+   that creeps up over longer than ``0.6 W`` is drift, absorbed into the
+   floor (and counted by the rise rule), not a step. ``k`` is half the
+   smallest step of interest or ``noise_factor`` sigmas of the envelope's
+   own jitter, whichever is larger.
+4. **When.** The change point is the first reading on the new floor after
+   the last one below it; never the start of the flank it may sit on.
+5. **Given back.** The envelope below the floor for a hold gives the newest
+   steps back: ``transient`` if that happens within ``regret_seconds`` of
+   their finding (a long spike, a tooth), ``freed`` otherwise; a fall of
+   ``restart_drop_ratio`` is a restart and gives back everything (``restart``).
 
-Why CUSUM on a median rather than a rolling regression (``predict_linear``):
-a regression smears a step over its window, reacts to every spike and
-warm-up ramp, and says nothing about *when* the step happened; the CUSUM's
-change point gives the step's time, which operators match against deploys
-and traffic. ``bench/detector.py`` measures both on the same traces.
+Why an envelope rather than a CUSUM on a median, or a regression
+(``predict_linear``): both see a sawtooth's flank as a rise and a spike as
+a step; the floor of a background is what a leak moves. ``bench/detector.py``
+measures it on seeded realistic logs.
 
 Pure: ``update(t, value)`` with time as an argument; no clock, no I/O.
 """
@@ -34,6 +45,7 @@ Pure: ``update(t, value)`` with time as an argument; no clock, no I/O.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field, replace
 from statistics import median
@@ -42,19 +54,18 @@ from statistics import median
 @dataclass(frozen=True)
 class LeakParams:
     min_step_ratio: float = 0.003  # smallest step of interest, as a fraction of the budget
-    noise_factor: float = 1.5  # k is at least this many noise sigmas of the median level
-    cusum_threshold: float = 2.0  # h, in units of k
-    median_samples: int = 5
-    hold_samples: int = 20  # a step must persist this long; longer spikes are steps given back
-    settle_samples: int = 2  # readings after the change point that belong to the transition
-    warmup_seconds: float = 300.0  # after a (re)start nothing counts: CUDA graphs, caches
+    noise_factor: float = 3.0  # k is at least this many sigmas of the floor's jitter
+    envelope_seconds: float = 120.0  # the shortest window of the floor (the minimum over it)
+    max_envelope_seconds: float = 3600.0  # the longest: backgrounds with longer periods look like steps
+    hold_seconds: float = 180.0  # a raised floor must stay this long (or one window, if longer)
+    warmup_seconds: float = 60.0  # after a start, at least this long is the load
+    settle_seconds: float = 180.0  # the load is over when memory has not risen for this long
+    load_jump_ratio: float = 0.1  # a rise of this much of the budget is a model load, not a step
     restart_drop_ratio: float = 0.2  # a fall by this much of the budget is a restart
-    leak_steps: int = 3  # this many held steps inside leak_window_seconds is a leak
+    leak_steps: int = 3  # this many held steps inside leak_window_seconds is a leak...
     leak_window_seconds: float = 6 * 3600.0
-    leak_rise_ratio: float = 0.05  # or a rise of the floor by this fraction of the budget
-    noise_window: int = 300  # readings the noise estimate looks at
-    regret_seconds: float = 300.0  # a step whose old floor comes back this soon was a spike or sawtooth
-    floor_seconds: float = 300.0  # the floor (overhang, rise rule) is the lowest level over this long
+    leak_rise_ratio: float = 0.05  # ...or the floor rising by this fraction of the budget
+    regret_seconds: float = 1800.0  # a step given back this soon after it was found was a transient
 
 
 @dataclass(frozen=True)
@@ -63,21 +74,22 @@ class Step:
     size: float  # bytes
     found_at: float  # when the hold completed
     given_back_at: float | None = None
-    before: float = 0.0  # the level the step rose from
+    before: float = 0.0  # the floor the step rose from
+    ended_by: str | None = None  # "restart", "freed" (memory given back), "transient" (taken back: not a step)
 
 
 @dataclass(frozen=True)
 class LeakReport:
-    level: float | None  # the accepted (robust) level
-    overhang: float  # rise of the level since the end of warm-up; 0 while warming up
-    steps: tuple[Step, ...]  # held and given back, oldest first
+    level: float | None  # the floor
+    overhang: float  # rise of the floor since the load ended; 0 while loading
+    steps: tuple[Step, ...]  # held and given back, oldest first (the latest thousand)
     new_steps: tuple[Step, ...]  # found by this update
-    given_back: tuple[Step, ...]  # marked given back by this update
+    given_back: tuple[Step, ...]  # given back by this update
     slope: float  # bytes per second of held rise since the first held step in the window
     time_to_exhaustion: float | None  # seconds until capacity at that slope; None: not rising
     confidence: float  # 0..1: how far along the leak rule is
     leak: bool
-    warming_up: bool
+    warming_up: bool  # the model load is not over
 
     @property
     def held_steps(self) -> tuple[Step, ...]:
@@ -86,9 +98,40 @@ class LeakReport:
 
 @dataclass
 class _Candidate:
-    t: float  # change point
-    samples: int = 0
-    levels: list[float] = field(default_factory=list)
+    """The floor above the level: since when, and the plateau it has held since plateau_since."""
+
+    since: float
+    plateau: float
+    plateau_since: float
+
+
+class _Envelope:
+    """Minimum over a sliding time window whose length may change: a monotonic queue searched by time."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.values: list[float] = []
+        self.head = 0
+
+    def push(self, t: float, v: float, keep: float) -> None:
+        times, values = self.times, self.values
+        while len(values) > self.head and values[-1] >= v:
+            times.pop()
+            values.pop()
+        times.append(t)
+        values.append(v)
+        while times[self.head] < t - keep:
+            self.head += 1
+        if self.head > 4096:
+            del times[: self.head], values[: self.head]
+            self.head = 0
+
+    def min_since(self, since: float) -> float:
+        i = bisect_left(self.times, since, self.head)
+        return self.values[min(i, len(self.values) - 1)]
+
+    def clear(self) -> None:
+        self.times, self.values, self.head = [], [], 0
 
 
 class LeakDetector:
@@ -98,200 +141,293 @@ class LeakDetector:
         self.p = params or LeakParams()
         self.budget = budget
         self.capacity = capacity
-        self._recent: deque[float] = deque(maxlen=self.p.median_samples)
-        self._raw: deque[tuple[float, float]] = deque(maxlen=3 * self.p.hold_samples + self.p.settle_samples + 10)
-        self._diffs: deque[float] = deque(maxlen=self.p.noise_window)
-        self._k_cache: tuple[int, float] = (-1, 0.0)
-        self._sigma = 0.0  # noise of the raw readings
+        self._env = _Envelope()
+        self._raw: deque[tuple[float, float]] = deque()
+        self._trace: deque[tuple[float, float]] = deque()  # (t, floor): how fast a floor rose
+        self._prev2: tuple[float | None, float | None] = (None, None)
+        self._diffs: deque[float] = deque(maxlen=301)
+        self._floors: deque[float] = deque(maxlen=40)  # the envelope once per window: its own jitter
+        self._floor_t = -math.inf
+        self._sigma = 0.0
+        self._sigma_floor: float | None = None
         self._updates = 0
-        self._last: float | None = None
-        self._warm_until: float | None = None
+        self._last: tuple[float, float] | None = None
+        self._dts: deque[float] = deque(maxlen=31)
+        self._dt = 1.0
+        self._loading_since: float | None = None  # None: loaded
+        self._loaded_at = -math.inf  # when the last load ended
+        self._load_top = self._load_creep = 0.0  # the highest reading in the load, for big and small rises
+        self._load_rise_t = self._load_creep_t = 0.0
+        self._started = False
         self._level: float | None = None
-        self._base: float | None = None  # level at the end of warm-up
-        self._floor: deque[tuple[float, float]] = deque()  # (t, level), increasing levels: a sliding minimum
-        self._cusum = 0.0
-        self._zero_t = 0.0
+        self._base: float | None = None
+        self._touch = -math.inf
+        self._gaps: deque[tuple[float, float]] = deque()  # (when closed, length): time off the floor
+        self._quiet_since = -math.inf  # no step or load inside a gap that counts
         self._candidate: _Candidate | None = None
-        self._below = 0  # readings in a row under the level (memory given back)
+        self._below_since: float | None = None
         self._steps: list[Step] = []
-        self._freed: list[Step] = []  # given back by a restart, not yet reported
+        self._ended: list[Step] = []  # given back since the last report
         self._history_limit = 1000
 
-    def restart(self, t: float) -> None:
-        """The process restarted (told by the process source): start over with a warm-up.
+    # -- what the caller knows ------------------------------------------------------------
 
-        A restart frees whatever the old process leaked: its held steps are given back.
-        """
-        for i, step in enumerate(self._steps):
-            if step.given_back_at is None:
-                self._steps[i] = replace(step, given_back_at=t)
-                self._freed.append(self._steps[i])
-        self._recent.clear()
-        self._floor.clear()
-        self._warm_until = t + self.p.warmup_seconds
-        self._level = self._base = None
-        self._cusum, self._candidate, self._below = 0.0, None, 0
+    def restart(self, t: float) -> None:
+        """The process restarted: what it held is given back, and a load begins."""
+        self._end_held(t, "restart")
+        self._base = None
+        self._begin_load(t)
+
+    def ready(self, t: float) -> None:
+        """The engine turned healthy: its load is over, whatever the memory says."""
+        if self._loading_since is not None and self._raw:
+            self._end_load(t)
+
+    # -- the stream -------------------------------------------------------------------------
 
     def update(self, t: float, value: float | None) -> LeakReport:
         if value is None or math.isnan(value):
             return self._report(t)
         p = self.p
         self._updates += 1
-        if self._last is not None:
-            if self._level is not None and value < self._level - p.restart_drop_ratio * self.budget:
-                self.restart(t)
-            self._diffs.append(abs(value - self._last))
-        self._last = value
-        if self._warm_until is None:
-            self._warm_until = t + p.warmup_seconds
-        self._recent.append(value)
+        last = self._last
+        if last is not None:
+            self._dts.append(t - last[0])
+            if self._updates % 16 == 0:
+                self._dt = max(1e-3, median(self._dts))
+            self._diffs.append(abs(value - last[1]))
+        self._last = (t, value)
+        if not self._started:
+            self._started = True
+            self._begin_load(t)
+        elif self._level is not None and value < self._level - p.restart_drop_ratio * self.budget:
+            self.restart(t)
+        elif last is not None and t - last[0] > max(10 * self._dt, 300.0):
+            self._begin_load(t)  # nothing seen for a while: what rose meanwhile is not a step we can place
+        elif self._loading_since is None and self._level is not None and value > self._level + p.load_jump_ratio * self.budget:
+            if self._env.min_since(t - p.envelope_seconds) > self._level + p.load_jump_ratio * self.budget:
+                self._reload(t)
+        keep = p.max_envelope_seconds * 2 + p.hold_seconds
         self._raw.append((t, value))
-        m = median(self._recent)
-        if t < self._warm_until or len(self._recent) < p.median_samples:
-            self._level = m
-            return self._report(t, warming_up=True)
+        while self._raw[0][0] < t - keep:
+            self._raw.popleft()
+        # the floor of the median of three: one low reading (a sampling glitch, a noise
+        # outlier) would otherwise hold the floor down for a whole window
+        a, b = self._prev2
+        self._prev2 = (b, value)
+        self._env.push(t, sorted((a, b, value))[1] if a is not None and b is not None else value, keep)
+        if self._updates % 32 == 1:
+            self._noise()
+        if self._loading_since is not None:
+            self._load(t, value)
+            return self._report(t, warming_up=self._loading_since is not None)
+        return self._track(t, value)
+
+    # -- the load ---------------------------------------------------------------------------
+
+    def _begin_load(self, t: float) -> None:
+        self._loading_since = t
+        self._load_top = self._load_creep = -math.inf
+        self._load_rise_t = self._load_creep_t = t
+        self._level = None
+        self._candidate, self._below_since = None, None
+        self._trace.clear()
+        self._prev2 = (None, None)
+
+    def _reload(self, t: float) -> None:
+        """A jump the size of a KV pool: a load (another engine's, or this one's after a long compile).
+
+        Soon after a load seemed over, it was not: the steps found since were the load too.
+        """
+        if t - self._loaded_at <= 10 * self.p.settle_seconds:
+            self._steps = [s for s in self._steps if s.t < self._loaded_at - self.p.settle_seconds]
+        self._begin_load(t)
+
+    def _load(self, t: float, value: float) -> None:
+        """Over when memory has not risen by 1% of the budget for settle_seconds, nor by k for one window.
+
+        The big rises are the load's phases (weights, KV pool) with pauses for profiling and
+        compiling between them; the small ones its CUDA graphs, captured last.
+        """
+        p = self.p
+        if value > self._load_top + max(self._k(), 0.01 * self.budget):
+            self._load_top = value
+            self._load_rise_t = t
+        if value > self._load_creep + self._k():
+            self._load_creep = value
+            self._load_creep_t = t
+        assert self._loading_since is not None
+        if (
+            t - self._load_rise_t >= p.settle_seconds
+            and t - self._load_creep_t >= p.envelope_seconds
+            and t - self._loading_since >= p.warmup_seconds
+        ):
+            self._end_load(t)
+
+    def _end_load(self, t: float) -> None:
+        self._loading_since = None
+        self._loaded_at = t
+        self._level = self._env.min_since(t - self.p.envelope_seconds)
         if self._base is None:
-            self._base = self._level = m
-            self._zero_t = t
-        self._push_floor(t, m)
-        given_back = self._regret(t, m)
-        return self._report(t, self._track(t, m), given_back)
+            self._base = self._level
+        self._touch = self._quiet_since = t
+        self._floor_t = -math.inf
 
-    # -- the floor and second thoughts ------------------------------------------
+    # -- the floor and its steps ---------------------------------------------------------------
 
-    def _push_floor(self, t: float, m: float) -> None:
-        floor = self._floor
-        while floor and floor[-1][1] >= m:
-            floor.pop()
-        floor.append((t, m))
-        while floor[0][0] < t - self.p.floor_seconds:
-            floor.popleft()
+    def _window(self, t: float) -> float:
+        """1.5 × the longest recent stretch off the floor: the background's period."""
+        p = self.p
+        while self._gaps and self._gaps[0][0] < t - p.leak_window_seconds:
+            self._gaps.popleft()
+        longest = max((g for _, g in self._gaps), default=0.0)
+        return min(p.max_envelope_seconds, max(p.envelope_seconds, 1.5 * longest, 4 * self._dt))
 
-    def _regret(self, t: float, m: float) -> tuple[Step, ...]:
-        """Recent steps whose old floor came back were spikes or sawtooth: mark them given back."""
-        k = self._k()
-        undone = []
-        for i in range(len(self._steps) - 1, -1, -1):
-            step = self._steps[i]
-            if t - step.found_at > self.p.regret_seconds:
-                break
-            if step.given_back_at is None and m <= step.before + k:
-                self._steps[i] = replace(step, given_back_at=t)
-                undone.append(self._steps[i])
-                self._level = min(self._level if self._level is not None else m, step.before)
-        if undone:
-            self._candidate, self._cusum, self._zero_t = None, 0.0, t
-        return tuple(undone)
-
-    # -- steps --------------------------------------------------------------------
-
-    def _track(self, t: float, m: float) -> tuple[Step, ...]:
+    def _track(self, t: float, value: float) -> LeakReport:
         p = self.p
         assert self._level is not None
         k = self._k()
-        if self._candidate is not None:
-            c = self._candidate
-            c.samples += 1
-            if c.samples > p.settle_samples:
-                if m <= self._level + k:  # fell back: a spike or a tooth of the sawtooth
-                    self._drop_candidate(t)
-                    return ()
-                c.levels.append(m)
-            if c.samples < p.settle_samples + p.hold_samples:
-                return ()
-            new_level = median(c.levels)
-            size = new_level - self._level
-            third = max(1, len(c.levels) // 3)
-            if median(c.levels[-third:]) - median(c.levels[:third]) > size / 2:
-                self._drop_candidate(t)  # still climbing: a ramp, not a step
-                return ()
-            if not self._floor_rose(c, size):
-                self._drop_candidate(t)  # the readings still touch the old floor: fast sawtooth
-                return ()
-            step = Step(t=c.t, size=size, found_at=t, before=self._level)
-            self._steps.append(step)
-            del self._steps[: -self._history_limit]
-            self._level = new_level
-            self._drop_candidate(t)
-            return (step,)
-        if m < self._level - k:  # memory given back: the level moved down for a hold
-            self._below += 1
-            if self._below >= p.hold_samples:
-                self._give_back(t, m)
+        # time off the floor of the last hour is the background's period; stretches that held a
+        # step, a load or memory given back say nothing about it
+        if value <= self._env.min_since(t - p.max_envelope_seconds) + max(k, 4 * self._sigma):
+            if self._touch > self._quiet_since and t - self._touch > 2 * self._dt:
+                self._gaps.append((t, t - self._touch))
+            self._touch = t
+        window = self._window(t)
+        floor = self._env.min_since(t - window)
+        if t - self._floor_t >= window and self._candidate is None:
+            self._floors.append(floor)
+            self._floor_t = t
+        self._trace.append((t, floor))
+        while self._trace[0][0] < t - 2 * (window + p.hold_seconds):
+            self._trace.popleft()
+        new: tuple[Step, ...] = ()
+        hold = max(p.hold_seconds, window)
+        c = self._candidate
+        if floor > self._level + k:
+            self._below_since = None
+            if c is None:
+                c = self._candidate = _Candidate(t, floor, t)
+            elif floor > c.plateau + k or floor < c.plateau - k:
+                quick = self._abrupt(c.plateau - self._level, window)
+                if floor > c.plateau and t - c.plateau_since >= min(hold, 3 * quick) and self._rose_within(c.plateau, quick):
+                    new = self._confirm(t, c.plateau, window)  # a plateau, and another step on it: not a spike
+                    self._candidate = _Candidate(t, floor, t)
+                else:
+                    c.plateau, c.plateau_since = floor, t
+            elif t - c.plateau_since >= hold:
+                new = self._confirm(t, floor, window)
+                self._candidate = None
+            elif t - c.since > 4 * hold:  # a creep that goes on and on: the floor follows it
+                self._level = self._level + (floor - self._level) / 2
+                self._candidate = None
         else:
-            self._below = 0
-        self._cusum = max(0.0, self._cusum + m - self._level - k)
-        if self._cusum == 0.0:
-            self._zero_t = t
-        elif self._cusum > p.cusum_threshold * k:
-            self._candidate = _Candidate(t=self._zero_t)
-        return ()
+            self._candidate = None  # fell back, if it had risen: a spike or a tooth
+            if floor < self._level - k:
+                self._below_since = self._below_since if self._below_since is not None else t
+                if t - self._below_since >= hold:
+                    self._give_back(t, floor)
+            else:
+                self._below_since = None
+        return self._report(t, new)
 
-    def _floor_rose(self, c: _Candidate, size: float) -> bool:
-        """The raw readings after the change point stay clear of the old level.
-
-        The median filter turns a fast sawtooth into a raised level; its
-        troughs still reach the old level, a step's readings do not. The
-        lowest of ~20 noisy readings sits about two sigmas under their
-        level, hence the allowance.
-        """
+    def _confirm(self, t: float, plateau: float, window: float) -> tuple[Step, ...]:
+        """A raised floor that held: a step if it rose abruptly, drift if it crept."""
         assert self._level is not None
-        after = [v for t, v in self._raw if t >= c.t + self.p.settle_samples]
-        if not after:
-            return True
-        return min(after) - self._level > size / 2 - 2 * self._sigma
+        level = self._level
+        size = plateau - level
+        self._level = plateau
+        if not self._rose_within(plateau, self._abrupt(size, window), level):
+            return ()  # the floor crept up: drift, not a step
+        self._quiet_since = t
+        step = Step(t=self._change_point(plateau, size), size=size, found_at=t, before=level)
+        self._steps.append(step)
+        del self._steps[: -self._history_limit]
+        return (step,)
 
-    def _drop_candidate(self, t: float) -> None:
-        self._candidate = None
-        self._cusum = 0.0
-        self._zero_t = t
+    def _abrupt(self, size: float, window: float) -> float:
+        """How fast a step lifts the floor: a few readings, or the part of the window a
+        background's period adds (the floor of a sawtooth rises along a tooth's flank)."""
+        base = max(self.p.envelope_seconds, 4 * self._dt)
+        return max(0.6 * (window - base), self.p.hold_seconds / 6, 6 * self._dt)
 
-    def _give_back(self, t: float, m: float) -> None:
+    def _rose_within(self, plateau: float, seconds: float, level: float | None = None) -> bool:
+        """The floor went from a quarter to three quarters of the way to the plateau within ``seconds``."""
+        level = self._level if level is None else level
+        assert level is not None
+        size = plateau - level
+        low = next((s for s, v in reversed(self._trace) if v <= level + 0.25 * size), self._trace[0][0])
+        high = next((s for s, v in self._trace if s >= low and v >= level + 0.75 * size), self._trace[-1][0])
+        return high - low <= seconds
+
+    def _change_point(self, new_floor: float, size: float) -> float:
+        """The first reading on the new floor after the last one under it."""
+        margin = max(0.25 * size, 2 * self._sigma)
+        start = None
+        for s, v in reversed(self._raw):
+            if v < new_floor - margin:
+                break
+            start = s
+        if start is None:
+            return self._raw[-1][0]
+        return next((s for s, v in self._raw if s >= start and v <= new_floor + margin), start)
+
+    def _give_back(self, t: float, floor: float) -> None:
         assert self._level is not None
-        drop = self._level - m
-        for i in range(len(self._steps) - 1, -1, -1):  # newest held steps are given back first
+        drop = self._level - floor
+        for i in range(len(self._steps) - 1, -1, -1):  # the newest held steps are given back first
             step = self._steps[i]
             if step.given_back_at is not None:
                 continue
             if drop < step.size / 2:
                 break
-            self._steps[i] = replace(step, given_back_at=t)
+            why = "transient" if t - step.found_at <= self.p.regret_seconds else "freed"
+            self._steps[i] = replace(step, given_back_at=t, ended_by=why)
+            self._ended.append(self._steps[i])
             drop -= step.size
-        self._level = m
-        self._below = 0
-        self._cusum = 0.0
+        self._level = floor
+        self._below_since = None
+        self._quiet_since = t
 
-    def _k(self) -> float:
-        """Half the smallest step worth finding: the configured one or the noise, whichever is larger."""
-        if self._k_cache[0] == self._updates:
-            return self._k_cache[1]
-        k = self.p.min_step_ratio * self.budget / 2
+    def _end_held(self, t: float, why: str) -> None:
+        for i, step in enumerate(self._steps):
+            if step.given_back_at is None:
+                self._steps[i] = replace(step, given_back_at=t, ended_by=why)
+                self._ended.append(self._steps[i])
+
+    # -- noise ----------------------------------------------------------------------------------
+
+    def _noise(self) -> None:
         if len(self._diffs) >= 10:
             # MAD of first differences: sigma of the readings, robust to the steps themselves
-            sigma = self._sigma = 1.4826 * median(self._diffs) / math.sqrt(2)
-            sigma_level = sigma * 1.25 / math.sqrt(self.p.median_samples)  # the median's noise
-            k = max(k, self.p.noise_factor * sigma_level)
-        self._k_cache = (self._updates, k)
-        return k
+            self._sigma = 1.4826 * median(self._diffs) / math.sqrt(2)
+        if len(self._floors) >= 6:
+            diffs = [abs(b - a) for a, b in zip(self._floors, list(self._floors)[1:])]
+            self._sigma_floor = 1.4826 * median(diffs) / math.sqrt(2)
 
-    def _report(
-        self, t: float, new: tuple[Step, ...] = (), given_back: tuple[Step, ...] = (), warming_up: bool = False
-    ) -> LeakReport:
+    def _k(self) -> float:
+        """Half the smallest step worth finding, or the floor's jitter, whichever is larger."""
+        k = self.p.min_step_ratio * self.budget / 2
+        jitter = self._sigma if self._sigma_floor is None else min(self._sigma, self._sigma_floor)
+        return max(k, self.p.noise_factor * jitter)
+
+    # -- the report ---------------------------------------------------------------------------------
+
+    def _report(self, t: float, new: tuple[Step, ...] = (), warming_up: bool = False) -> LeakReport:
         p = self.p
-        if self._freed:
-            given_back, self._freed = (*self._freed, *given_back), []
+        ended, self._ended = tuple(self._ended), []
         held = [s for s in self._steps if s.given_back_at is None and t - s.t <= p.leak_window_seconds]
         # a step counts towards a leak once it has outlived the regret window: until then it
         # may still be a long spike, and three spikes at once are not a leak
         settled = [s for s in held if t - s.found_at >= p.regret_seconds]
-        floor_rise = overhang = 0.0
-        if self._base is not None and self._level is not None and self._floor:
-            # the floor (lowest level over floor_seconds) also sees a slow creep that has no steps
-            floor_rise = max(0.0, self._floor[0][1] - self._base)
-            overhang = max(floor_rise, self._level - self._base)
+        overhang = 0.0
+        if self._base is not None and self._level is not None and not warming_up:
+            overhang = max(0.0, self._level - self._base)
         rise_needed = p.leak_rise_ratio * self.budget
-        leak = len(settled) >= p.leak_steps or floor_rise >= rise_needed
-        confidence = min(1.0, max(len(settled) / p.leak_steps, floor_rise / rise_needed))
+        # the floor's rise that no step explains: a creep (one big step is a step, not a leak)
+        rise = overhang - sum(s.size for s in held)
+        leak = len(settled) >= p.leak_steps or rise >= rise_needed
+        confidence = min(1.0, max(len(settled) / p.leak_steps, max(0.0, rise) / rise_needed))
         slope = 0.0
         if held:
             span = t - held[0].t
@@ -304,10 +440,43 @@ class LeakDetector:
             overhang=overhang,
             steps=tuple(self._steps),
             new_steps=new,
-            given_back=given_back,
+            given_back=ended,
             slope=slope,
             time_to_exhaustion=tte,
             confidence=confidence,
             leak=leak,
             warming_up=warming_up,
         )
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A leak that was present: from its first step to the restart (or freeing) that ended it."""
+
+    start: float
+    end: float | None  # None: still present at the end
+    steps: tuple[Step, ...]
+    ended_by: str | None  # "restart", "freed"
+
+    @property
+    def rise(self) -> float:
+        return sum(s.size for s in self.steps)
+
+
+def episodes(steps: tuple[Step, ...] | list[Step], params: LeakParams) -> list[Episode]:
+    """The leaks over a whole log, in hindsight: the steps each life held (transients left out),
+    where ``leak_steps`` of them fell inside ``leak_window_seconds``.
+
+    The live verdict describes the present; a log's reader wants to know that the
+    engine leaked three steps and was then restarted by its out-of-memory.
+    """
+    lives: dict[tuple[float | None, str | None], list[Step]] = {}  # by the restart that ended them
+    for step in steps:
+        if step.ended_by != "transient":
+            lives.setdefault((step.given_back_at, step.ended_by), []).append(step)
+    found = []
+    for (end, why), held in lives.items():
+        times = [s.t for s in held]
+        if any(sum(1 for u in times if t <= u <= t + params.leak_window_seconds) >= params.leak_steps for t in times):
+            found.append(Episode(held[0].t, end, tuple(held), why))
+    return sorted(found, key=lambda e: e.start)
