@@ -289,7 +289,7 @@ class LeakDetector:
         k = self._k()
         # time off the floor of the last hour is the background's period; stretches that held a
         # step, a load or memory given back say nothing about it
-        if value <= self._env.min_since(t - p.max_envelope_seconds) + max(k, 4 * self._sigma):
+        if value <= self._env.min_since(t - p.max_envelope_seconds) + k:
             if self._touch > self._quiet_since and t - self._touch > 2 * self._dt:
                 self._gaps.append((t, t - self._touch))
             self._touch = t
@@ -309,8 +309,9 @@ class LeakDetector:
             if c is None:
                 c = self._candidate = _Candidate(t, floor, t)
             elif floor > c.plateau + k or floor < c.plateau - k:
-                quick = self._abrupt(c.plateau - self._level, window)
-                if floor > c.plateau and t - c.plateau_since >= min(hold, 3 * quick) and self._rose_within(c.plateau, quick):
+                quick = self._abrupt(window)
+                held = t - c.plateau_since >= min(hold, max(p.hold_seconds / 2, 4 * self._dt))
+                if floor > c.plateau and held and self._rose_within(c.plateau, quick):
                     new = self._confirm(t, c.plateau, window)  # a plateau, and another step on it: not a spike
                     self._candidate = _Candidate(t, floor, t)
                 else:
@@ -337,7 +338,7 @@ class LeakDetector:
         level = self._level
         size = plateau - level
         self._level = plateau
-        if not self._rose_within(plateau, self._abrupt(size, window), level):
+        if not self._rose_within(plateau, self._abrupt(window), level):
             return ()  # the floor crept up: drift, not a step
         self._quiet_since = t
         step = Step(t=self._change_point(plateau, size), size=size, found_at=t, before=level)
@@ -345,11 +346,10 @@ class LeakDetector:
         del self._steps[: -self._history_limit]
         return (step,)
 
-    def _abrupt(self, size: float, window: float) -> float:
-        """How fast a step lifts the floor: a few readings, or the part of the window a
-        background's period adds (the floor of a sawtooth rises along a tooth's flank)."""
-        base = max(self.p.envelope_seconds, 4 * self._dt)
-        return max(0.6 * (window - base), self.p.hold_seconds / 6, 6 * self._dt)
+    def _abrupt(self, window: float) -> float:
+        """How fast a step lifts the floor: within half a window (the last low readings of the
+        old floor leave it; a sawtooth's troughs leave it one by one), where a creep takes longer."""
+        return max(0.5 * window, self.p.hold_seconds / 6, 6 * self._dt)
 
     def _rose_within(self, plateau: float, seconds: float, level: float | None = None) -> bool:
         """The floor went from a quarter to three quarters of the way to the plateau within ``seconds``."""
