@@ -289,7 +289,7 @@ class LeakDetector:
         k = self._k()
         # time off the floor of the last hour is the background's period; stretches that held a
         # step, a load or memory given back say nothing about it
-        if value <= self._env.min_since(t - p.max_envelope_seconds) + k:
+        if value <= self._env.min_since(t - p.max_envelope_seconds) + p.min_step_ratio * self.budget / 2:
             if self._touch > self._quiet_since and t - self._touch > 2 * self._dt:
                 self._gaps.append((t, t - self._touch))
             self._touch = t
@@ -341,7 +341,7 @@ class LeakDetector:
         if not self._rose_within(plateau, self._abrupt(window), level):
             return ()  # the floor crept up: drift, not a step
         self._quiet_since = t
-        step = Step(t=self._change_point(plateau, size), size=size, found_at=t, before=level)
+        step = Step(t=self._change_point(plateau, size, window), size=size, found_at=t, before=level)
         self._steps.append(step)
         del self._steps[: -self._history_limit]
         return (step,)
@@ -360,9 +360,15 @@ class LeakDetector:
         high = next((s for s, v in self._trace if s >= low and v >= level + 0.75 * size), self._trace[-1][0])
         return high - low <= seconds
 
-    def _change_point(self, new_floor: float, size: float) -> float:
-        """The first reading on the new floor after the last one under it."""
-        margin = max(0.25 * size, 2 * self._sigma)
+    def _change_point(self, new_floor: float, size: float, window: float) -> float:
+        """When the step happened, erring late: never on the flank of the tooth it sits on.
+
+        After the last reading under the new floor the step may have happened at any
+        time; the first reading above the old readings' top proves it had (on a flat
+        series that is the step's first reading, on a sawtooth the first tooth that
+        peaks higher). Without such a reading, the first one on the new floor.
+        """
+        margin = min(0.5 * size, max(0.25 * size, 2 * self._sigma))
         start = None
         for s, v in reversed(self._raw):
             if v < new_floor - margin:
@@ -370,6 +376,12 @@ class LeakDetector:
             start = s
         if start is None:
             return self._raw[-1][0]
+        before = sorted(v for s, v in self._raw if start - window <= s < start)
+        if before:
+            top = before[int(0.98 * (len(before) - 1))] + margin
+            proof = next((s for s, v in self._raw if s >= start and v > top), None)
+            if proof is not None:
+                return proof
         return next((s for s, v in self._raw if s >= start and v <= new_floor + margin), start)
 
     def _give_back(self, t: float, floor: float) -> None:

@@ -11,8 +11,8 @@ What the logs people hand to ``guardian analyze`` look like, seeded:
   taller than most steps), slow sawtooth (10–30 min), a slow bounded ramp,
   spikes given back (2 s to 10 min), or restarts every few hours;
 - Gaussian noise, integer MiB as nvidia-smi prints them;
-- a leak: held steps of one size (0.3–5% of the card, ±25%) 5–90 minutes
-  apart, starting over after every restart (the bug is in the code, the
+- a leak: held steps of one size (0.3–5% of the card, ±25%) 5 minutes to
+  2¼ hours apart (a rate per log, ±50% per step), starting over after every restart (the bug is in the code, the
   leaked memory in the process); when the card fills the engine dies of
   out-of-memory and the steps are given back. A leak-free GPU may still
   take one isolated step (a LoRA adapter, a bigger batch's workspace):
@@ -149,10 +149,10 @@ def _gpu(
         end = min(length, ready + max(1800.0, rng.expovariate(1 / restart_every)))
         if step_ratio > 0:
             s = ready + rng.uniform(600, 3 * 3600)
-            gap = rng.uniform(5, 90) * 60
+            gap = rng.uniform(10, 90) * 60
             while s < end:
                 run.steps.append((s, step_ratio * card * rng.uniform(0.8, 1.25)))
-                s += max(180.0, rng.expovariate(1 / gap))
+                s += gap * rng.uniform(0.5, 1.5)
         elif isolated and ready + 1800 < end:
             run.steps.append((rng.uniform(ready + 600, end - 600), rng.choice(STEP_RATIOS) * card))
             isolated = False
