@@ -162,6 +162,7 @@ class LeakDetector:
         self._level: float | None = None
         self._base: float | None = None
         self._touch = -math.inf
+        self._touch_floor = math.inf  # the hour's floor at the last touch
         self._gaps: deque[tuple[float, float]] = deque()  # (when closed, length): time off the floor
         self._quiet_since = -math.inf  # no step or load inside a gap that counts
         self._candidate: _Candidate | None = None
@@ -204,8 +205,11 @@ class LeakDetector:
             self.restart(t)
         elif last is not None and t - last[0] > max(10 * self._dt, 300.0):
             self._begin_load(t)  # nothing seen for a while: what rose meanwhile is not a step we can place
-        elif self._loading_since is None and self._level is not None and value > self._level + p.load_jump_ratio * self.budget:
-            if self._env.min_since(t - p.envelope_seconds) > self._level + p.load_jump_ratio * self.budget:
+        elif self._loading_since is None and self._level is not None:
+            # the floor as it now stands (a step still in its hold counts): far above it is a load
+            now = self._level if self._candidate is None else max(self._level, self._candidate.plateau)
+            jump = now + p.load_jump_ratio * self.budget
+            if value > jump and self._env.min_since(t - p.envelope_seconds) > jump:
                 self._reload(t)
         keep = p.max_envelope_seconds * 2 + p.hold_seconds
         self._raw.append((t, value))
@@ -289,10 +293,15 @@ class LeakDetector:
         k = self._k()
         # time off the floor of the last hour is the background's period; stretches that held a
         # step, a load or memory given back say nothing about it
-        if value <= self._env.min_since(t - p.max_envelope_seconds) + p.min_step_ratio * self.budget / 2:
-            if self._touch > self._quiet_since and t - self._touch > 2 * self._dt:
+        hour_floor = self._env.min_since(t - p.max_envelope_seconds)
+        near = p.min_step_ratio * self.budget / 2
+        if value <= hour_floor + near:
+            # the memory came back down to its floor: that long off it is the background's period
+            # (not when the floor came up to the memory: a creep, or a step an hour old)
+            back = hour_floor <= self._touch_floor + near
+            if back and self._touch > self._quiet_since and t - self._touch > 2 * self._dt:
                 self._gaps.append((t, t - self._touch))
-            self._touch = t
+            self._touch, self._touch_floor = t, hour_floor
         window = self._window(t)
         floor = self._env.min_since(t - window)
         if t - self._floor_t >= window and self._candidate is None:
@@ -338,7 +347,7 @@ class LeakDetector:
         level = self._level
         size = plateau - level
         self._level = plateau
-        if not self._rose_within(plateau, self._abrupt(window), level):
+        if size < 1.5 * self._k() or not self._rose_within(plateau, self._abrupt(window), level):
             return ()  # the floor crept up: drift, not a step
         self._quiet_since = t
         step = Step(t=self._change_point(plateau, size, window), size=size, found_at=t, before=level)
