@@ -162,6 +162,7 @@ class LeakDetector:
         self._level: float | None = None
         self._base: float | None = None
         self._touch = -math.inf
+        self._creep_since: float | None = None  # the floor has risen by leak_rise_ratio without steps since
         self._touch_floor = math.inf  # the hour's floor at the last touch
         self._gaps: deque[tuple[float, float]] = deque()  # (when closed, length): time off the floor
         self._quiet_since = -math.inf  # no step or load inside a gap that counts
@@ -245,6 +246,7 @@ class LeakDetector:
         """
         if t - self._loaded_at <= 10 * self.p.settle_seconds:
             self._steps = [s for s in self._steps if s.t < self._loaded_at - self.p.settle_seconds]
+        self._base = None  # a new allocation: the floor after it is the new baseline
         self._begin_load(t)
 
     def _load(self, t: float, value: float) -> None:
@@ -361,13 +363,19 @@ class LeakDetector:
         return max(0.5 * window, self.p.hold_seconds / 6, 6 * self._dt)
 
     def _rose_within(self, plateau: float, seconds: float, level: float | None = None) -> bool:
-        """The floor went from a quarter to three quarters of the way to the plateau within ``seconds``."""
+        """The floor went from a quarter to three quarters of the way to the plateau within
+        ``seconds``, and had not been rising before (since the level was last set): a jump,
+        not a stretch of a creep."""
         level = self._level if level is None else level
         assert level is not None
         size = plateau - level
         low = next((s for s, v in reversed(self._trace) if v <= level + 0.25 * size), self._trace[0][0])
         high = next((s for s, v in self._trace if s >= low and v >= level + 0.75 * size), self._trace[-1][0])
-        return high - low <= seconds
+        if high - low > seconds:
+            return False
+        since = max(low - max(self.p.hold_seconds, seconds), self._quiet_since)
+        before = [v for s, v in self._trace if since <= s <= low]
+        return not before or before[-1] - min(before) <= 0.25 * size
 
     def _change_point(self, new_floor: float, size: float, window: float) -> float:
         """When the step happened, erring late: never on the flank of the tooth it sits on.
@@ -445,9 +453,15 @@ class LeakDetector:
         if self._base is not None and self._level is not None and not warming_up:
             overhang = max(0.0, self._level - self._base)
         rise_needed = p.leak_rise_ratio * self.budget
-        # the floor's rise that no step explains: a creep (one big step is a step, not a leak)
+        # the floor's rise that no step explains, held for an hour: a creep (one big step is a
+        # step, not a leak; a floor that rises and falls back over hours is a slow background)
         rise = overhang - sum(s.size for s in held)
-        leak = len(settled) >= p.leak_steps or rise >= rise_needed
+        if rise < rise_needed:
+            self._creep_since = None
+        elif self._creep_since is None:
+            self._creep_since = t
+        crept = self._creep_since is not None and t - self._creep_since >= p.max_envelope_seconds
+        leak = len(settled) >= p.leak_steps or crept
         confidence = min(1.0, max(len(settled) / p.leak_steps, max(0.0, rise) / rise_needed))
         slope = 0.0
         if held:

@@ -2,7 +2,8 @@
 
 What the logs people hand to ``guardian analyze`` look like, seeded:
 
-- each GPU runs vLLM engines one after another: a model load (30–600 s,
+- each GPU runs vLLM engines one after another (the same settings, or now
+  and then a redeploy with another memory share): a model load (30–600 s,
   log-uniform: CUDA context, weights rising, a flat stretch for profiling
   and compilation with an activation spike, the KV pool's jump to 40–85%
   of the card, CUDA-graph capture), a steady life, an exit (crash, OOM,
@@ -142,8 +143,11 @@ def _gpu(
     loaded = rng.random() < 0.5  # the log may start with an engine already serving
     restart_every = rng.uniform(2, 8) * 3600 if background == "restarts" else rng.uniform(24, 96) * 3600
     isolated = step_ratio == 0.0 and rng.random() < 0.3
+    level = rng.uniform(0.80, 0.92) * card
     while t < length:
-        run = _new_run(rng, t, card, loaded)
+        if runs and rng.random() < 0.1:  # redeployed with another gpu_memory_utilization
+            level = rng.uniform(0.80, 0.92) * card
+        run = _new_run(rng, t, card, loaded, level * rng.uniform(0.997, 1.003))
         loaded = False
         ready = run.start + run.load
         end = min(length, ready + max(1800.0, rng.expovariate(1 / restart_every)))
@@ -176,8 +180,7 @@ def _gpu(
     return truth, runs, bg
 
 
-def _new_run(rng: random.Random, start: float, card: float, loaded: bool) -> _Run:
-    level = rng.uniform(0.80, 0.92) * card
+def _new_run(rng: random.Random, start: float, card: float, loaded: bool, level: float) -> _Run:
     load = 0.0 if loaded else math.exp(rng.uniform(math.log(30), math.log(600)))
     run = _Run(
         start=-load - 1.0 if loaded else start,
