@@ -16,7 +16,7 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    and the steps seen since the start go with it. Live, the daemon says
    when the engine turned healthy (``ready``).
 2. **The floor on the background's own time scale.** The level is the lower
-   envelope: the minimum over a window ``W``. ``W`` is 1.5× the longest
+   envelope: the minimum over a window ``W``. ``W`` is 1.25× the longest
    time the memory recently stayed off its floor (the background's period:
    a sawtooth's tooth, a spike), at least ``envelope_seconds``. A rising
    flank is then not a staircase, and a step under a tall tooth still
@@ -165,7 +165,7 @@ class LeakDetector:
         self._creep_since: float | None = None  # the floor has risen by leak_rise_ratio without steps since
         self._touch_floor = math.inf  # the hour's floor at the last touch
         self._gaps: deque[tuple[float, float]] = deque()  # (when closed, length): time off the floor
-        self._quiet_since = -math.inf  # no step or load inside a gap that counts
+        self._quiet_since = -math.inf  # when the level was last set: a load, a step, memory given back
         self._candidate: _Candidate | None = None
         self._below_since: float | None = None
         self._steps: list[Step] = []
@@ -276,7 +276,8 @@ class LeakDetector:
         self._level = self._env.min_since(t - self.p.envelope_seconds)
         if self._base is None:
             self._base = self._level
-        self._touch = self._quiet_since = t
+        self._touch, self._touch_floor = t, -math.inf  # the first return to the floor starts the count
+        self._quiet_since = t
         self._floor_t = -math.inf
 
     # -- the floor and its steps ---------------------------------------------------------------
@@ -287,7 +288,7 @@ class LeakDetector:
         while self._gaps and self._gaps[0][0] < t - p.leak_window_seconds:
             self._gaps.popleft()
         longest = max((g for _, g in self._gaps), default=0.0)
-        return min(p.max_envelope_seconds, max(p.envelope_seconds, 1.5 * longest, 4 * self._dt))
+        return min(p.max_envelope_seconds, max(p.envelope_seconds, 1.25 * longest, 4 * self._dt))
 
     def _track(self, t: float, value: float) -> LeakReport:
         p = self.p
@@ -295,13 +296,12 @@ class LeakDetector:
         k = self._k()
         # time off the floor of the last hour is the background's period; stretches that held a
         # step, a load or memory given back say nothing about it
-        hour_floor = self._env.min_since(t - p.max_envelope_seconds)
+        hour_floor = self._env.min_since(max(t - p.max_envelope_seconds, self._loaded_at))
         near = p.min_step_ratio * self.budget / 2
         if value <= hour_floor + near:
             # the memory came back down to its floor: that long off it is the background's period
             # (not when the floor came up to the memory: a creep, or a step an hour old)
-            back = hour_floor <= self._touch_floor + near
-            if back and self._touch > self._quiet_since and t - self._touch > 2 * self._dt:
+            if hour_floor <= self._touch_floor + near and t - self._touch > 2 * self._dt:
                 self._gaps.append((t, t - self._touch))
             self._touch, self._touch_floor = t, hour_floor
         window = self._window(t)
@@ -313,7 +313,7 @@ class LeakDetector:
         while self._trace[0][0] < t - 2 * (window + p.hold_seconds):
             self._trace.popleft()
         new: tuple[Step, ...] = ()
-        hold = max(p.hold_seconds, window)
+        hold = max(p.hold_seconds, window / 2)
         c = self._candidate
         if floor > self._level + k:
             self._below_since = None
@@ -321,7 +321,7 @@ class LeakDetector:
                 c = self._candidate = _Candidate(t, floor, t)
             elif floor > c.plateau + k or floor < c.plateau - k:
                 quick = self._abrupt(window)
-                held = t - c.plateau_since >= min(hold, max(p.hold_seconds / 2, 4 * self._dt))
+                held = t - c.plateau_since >= min(hold, max(p.hold_seconds / 2, 4 * self._dt, window / 2))
                 if floor > c.plateau and held and self._rose_within(c.plateau, quick):
                     new = self._confirm(t, c.plateau, window)  # a plateau, and another step on it: not a spike
                     self._candidate = _Candidate(t, floor, t)
@@ -352,10 +352,56 @@ class LeakDetector:
         if size < 1.5 * self._k() or not self._rose_within(plateau, self._abrupt(window), level):
             return ()  # the floor crept up: drift, not a step
         self._quiet_since = t
-        step = Step(t=self._change_point(plateau, size, window), size=size, found_at=t, before=level)
+        jumps = self._jumps(plateau, size, window, level)
+        if len(jumps) > 1:  # steps closer than the background's period: the readings show each one
+            steps, floor = [], level
+            for when, rise in jumps:
+                steps.append(Step(t=when, size=rise, found_at=t, before=floor))
+                floor += rise
+            self._steps.extend(steps)
+            del self._steps[: -self._history_limit]
+            return tuple(steps)
+        when = jumps[0][0] if jumps else self._change_point(plateau, size, window)
+        step = Step(t=when, size=size, found_at=t, before=level)
+        last = self._steps[-1] if self._steps else None
+        if last is not None and last.given_back_at is None and step.t - last.t < window / 2 and t - last.found_at <= 2 * window:
+            # the floor of a sawtooth rises in stages as the old troughs leave the window: one step
+            step = replace(last, size=last.size + size, found_at=t)
+            self._steps[-1] = step
+            return (step,)
         self._steps.append(step)
         del self._steps[: -self._history_limit]
         return (step,)
+
+    def _jumps(self, plateau: float, size: float, window: float, level: float) -> list[tuple[float, float]]:
+        """The rises between two readings that made this step, when the background is smooth
+        enough to show them (not a sawtooth faster than the sampling): (when, how much).
+
+        A rise given back soon after (a spike) is none; the sizes are scaled to the floor's.
+        """
+        low = next((s for s, v in reversed(self._trace) if v <= level + 0.25 * size), self._trace[0][0])
+        raw = [(s, v) for s, v in self._raw if s >= low - window]
+        tau = max(1.5 * self._k(), 6 * self._sigma)
+        found: list[tuple[float, float]] = []
+        last = -2
+        for i in range(1, len(raw)):
+            rise = raw[i][1] - raw[i - 1][1]
+            if last == i - 1 and rise > tau / 3:  # one step sampled mid-rise: two readings
+                found[-1] = (found[-1][0], found[-1][1] + rise)
+                last = i
+            elif rise > tau:
+                found.append((raw[i][0], rise))
+                last = i
+        held = []
+        for when, rise in found:
+            after = [v for s, v in raw if when <= s <= when + max(600.0, window)]
+            falls = [after[j] - after[j - 1] for j in range(1, len(after))]
+            if not any(-1.3 * rise <= d <= -0.7 * rise for d in falls):
+                held.append((when, rise))
+        total = sum(r for _, r in held)
+        if not held or not 0.6 * size <= total <= 1.5 * size:
+            return []
+        return [(when, rise * size / total) for when, rise in held]
 
     def _abrupt(self, window: float) -> float:
         """How fast a step lifts the floor: within half a window (the last low readings of the
