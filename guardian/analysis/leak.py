@@ -16,7 +16,7 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    and the steps seen since the start go with it. Live, the daemon says
    when the engine turned healthy (``ready``).
 2. **The floor on the background's own time scale.** The level is the lower
-   envelope: the minimum over a window ``W``. ``W`` is 1.25× the longest
+   envelope: the minimum over a window ``W``. ``W`` is 1.5× the longest
    time the memory recently stayed off its floor (the background's period:
    a sawtooth's tooth, a spike), at least ``envelope_seconds``. A rising
    flank is then not a staircase, and a step under a tall tooth still
@@ -176,6 +176,7 @@ class LeakDetector:
 
     def restart(self, t: float) -> None:
         """The process restarted: what it held is given back, and a load begins."""
+        self._flush(t)
         self._end_held(t, "restart")
         self._base = None
         self._begin_load(t)
@@ -205,6 +206,7 @@ class LeakDetector:
         elif self._level is not None and value < self._level - p.restart_drop_ratio * self.budget:
             self.restart(t)
         elif last is not None and t - last[0] > max(10 * self._dt, 300.0):
+            self._flush(t)
             self._begin_load(t)  # nothing seen for a while: what rose meanwhile is not a step we can place
         elif self._loading_since is None and self._level is not None:
             # the floor as it now stands (a step still in its hold counts): far above it is a load
@@ -238,6 +240,21 @@ class LeakDetector:
         self._candidate, self._below_since = None, None
         self._trace.clear()
         self._prev2 = (None, None)
+
+    def _flush(self, t: float) -> None:
+        """The series ends here (a restart, a gap): steps still in their hold count if the readings show their jumps.
+
+        A leak is often ended by the out-of-memory its last steps caused, before they could hold.
+        """
+        c = self._candidate
+        if c is None or self._level is None or not self._trace:
+            return
+        jumps, _ = self._jumps(c.plateau, c.plateau - self._level, self._window(t), self._level)
+        floor = self._level
+        for when, rise in jumps:
+            self._steps.append(Step(t=when, size=rise, found_at=t, before=floor))
+            floor += rise
+        self._candidate = None
 
     def _reload(self, t: float) -> None:
         """A jump the size of a KV pool: a load (another engine's, or this one's after a long compile).
@@ -288,7 +305,7 @@ class LeakDetector:
         while self._gaps and self._gaps[0][0] < t - p.leak_window_seconds:
             self._gaps.popleft()
         longest = max((g for _, g in self._gaps), default=0.0)
-        return min(p.max_envelope_seconds, max(p.envelope_seconds, 1.25 * longest, 4 * self._dt))
+        return min(p.max_envelope_seconds, max(p.envelope_seconds, 1.5 * longest, 4 * self._dt))
 
     def _track(self, t: float, value: float) -> LeakReport:
         p = self.p
@@ -330,8 +347,8 @@ class LeakDetector:
             elif t - c.plateau_since >= hold:
                 new = self._confirm(t, floor, window)
                 self._candidate = None
-            elif t - c.since > 4 * hold:  # a creep that goes on and on: the floor follows it
-                self._level = self._level + (floor - self._level) / 2
+            elif t - c.since > 2 * hold:  # still rising: a dense staircase (its jumps show) or a creep
+                new = self._confirm(t, floor, window)
                 self._candidate = None
         else:
             self._candidate = None  # fell back, if it had risen: a spike or a tooth
@@ -351,8 +368,10 @@ class LeakDetector:
         self._level = plateau
         if size < 1.5 * self._k() or not self._rose_within(plateau, self._abrupt(window), level):
             return ()  # the floor crept up: drift, not a step
+        jumps, visible = self._jumps(plateau, size, window, level)
+        if not jumps and visible:
+            return ()  # the readings would show a jump this big, and show none: the floor crept
         self._quiet_since = t
-        jumps = self._jumps(plateau, size, window, level)
         if len(jumps) > 1:  # steps closer than the background's period: the readings show each one
             steps, floor = [], level
             for when, rise in jumps:
@@ -373,14 +392,15 @@ class LeakDetector:
         del self._steps[: -self._history_limit]
         return (step,)
 
-    def _jumps(self, plateau: float, size: float, window: float, level: float) -> list[tuple[float, float]]:
-        """The rises between two readings that made this step, when the background is smooth
-        enough to show them (not a sawtooth faster than the sampling): (when, how much).
+    def _jumps(self, plateau: float, size: float, window: float, level: float) -> tuple[list[tuple[float, float]], bool]:
+        """The rises between two readings that made this step, (when, how much), and whether
+        the readings are smooth enough to show them (not noise or a sawtooth faster than the
+        sampling).
 
         A rise given back soon after (a spike) is none; the sizes are scaled to the floor's.
         """
         low = next((s for s, v in reversed(self._trace) if v <= level + 0.25 * size), self._trace[0][0])
-        raw = [(s, v) for s, v in self._raw if s >= low - window]
+        raw = [(s, v) for s, v in self._raw if s >= low - 1.5 * window]  # the floor lags the readings by a window
         tau = max(1.5 * self._k(), 6 * self._sigma)
         found: list[tuple[float, float]] = []
         last = -2
@@ -399,9 +419,10 @@ class LeakDetector:
             if not any(-1.3 * rise <= d <= -0.7 * rise for d in falls):
                 held.append((when, rise))
         total = sum(r for _, r in held)
+        visible = tau < 0.6 * size
         if not held or not 0.6 * size <= total <= 1.5 * size:
-            return []
-        return [(when, rise * size / total) for when, rise in held]
+            return [], visible
+        return [(when, rise * size / total) for when, rise in held], visible
 
     def _abrupt(self, window: float) -> float:
         """How fast a step lifts the floor: within half a window (the last low readings of the
@@ -409,19 +430,13 @@ class LeakDetector:
         return max(0.5 * window, self.p.hold_seconds / 6, 6 * self._dt)
 
     def _rose_within(self, plateau: float, seconds: float, level: float | None = None) -> bool:
-        """The floor went from a quarter to three quarters of the way to the plateau within
-        ``seconds``, and had not been rising before (since the level was last set): a jump,
-        not a stretch of a creep."""
+        """The floor went from a quarter to three quarters of the way to the plateau within ``seconds``."""
         level = self._level if level is None else level
         assert level is not None
         size = plateau - level
         low = next((s for s, v in reversed(self._trace) if v <= level + 0.25 * size), self._trace[0][0])
         high = next((s for s, v in self._trace if s >= low and v >= level + 0.75 * size), self._trace[-1][0])
-        if high - low > seconds:
-            return False
-        since = max(low - max(self.p.hold_seconds, seconds), self._quiet_since)
-        before = [v for s, v in self._trace if since <= s <= low]
-        return not before or before[-1] - min(before) <= 0.25 * size
+        return high - low <= seconds
 
     def _change_point(self, new_floor: float, size: float, window: float) -> float:
         """When the step happened, erring late: never on the flank of the tooth it sits on.
