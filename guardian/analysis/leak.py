@@ -394,10 +394,11 @@ class LeakDetector:
 
     def _jumps(self, plateau: float, size: float, window: float, level: float) -> tuple[list[tuple[float, float]], bool]:
         """The rises between two readings that made this step, (when, how much), and whether
-        the readings are smooth enough to show them (not noise or a sawtooth faster than the
-        sampling).
+        the readings are smooth enough that no such rise means a creep (not noise or a sawtooth
+        faster than the sampling).
 
-        A rise given back soon after (a spike) is none; the sizes are scaled to the floor's.
+        Rises that do not add up to the floor's (a spike's among them) are not used; the sizes
+        are scaled to the floor's.
         """
         low = next((s for s, v in reversed(self._trace) if v <= level + 0.25 * size), self._trace[0][0])
         raw = [(s, v) for s, v in self._raw if s >= low - 1.5 * window]  # the floor lags the readings by a window
@@ -412,17 +413,12 @@ class LeakDetector:
             elif rise > tau:
                 found.append((raw[i][0], rise))
                 last = i
-        held = []
-        for when, rise in found:
-            after = [v for s, v in raw if when <= s <= when + max(600.0, window)]
-            falls = [after[j] - after[j - 1] for j in range(1, len(after))]
-            if not any(-1.3 * rise <= d <= -0.7 * rise for d in falls):
-                held.append((when, rise))
-        total = sum(r for _, r in held)
         visible = tau < 0.6 * size
-        if not held or not 0.6 * size <= total <= 1.5 * size:
-            return [], visible
-        return [(when, rise * size / total) for when, rise in held], visible
+        total = sum(r for _, r in found)
+        if not 0.6 * size <= total <= 1.5 * size:
+            # spikes or sawtooth teeth among them: not these, but a jump seen is still a jump
+            return [], visible and not any(r >= 0.5 * size for _, r in found)
+        return [(when, rise * size / total) for when, rise in found], visible
 
     def _abrupt(self, window: float) -> float:
         """How fast a step lifts the floor: within half a window (the last low readings of the
