@@ -136,8 +136,24 @@ def _header(row: list[str]) -> tuple[list[str], list[float | None]]:
     return names, units
 
 
+_DAYS: dict[str, float] = {}
+
+
 def _timestamp(text: str) -> float:
     text = text.strip()
+    # nvidia-smi's own "2024/05/01 12:34:56.789", a million times: the day parsed once
+    if len(text) >= 19 and text[4] == "/" and text[10] == " " and text[13] == ":" and text[16] == ":":
+        day = _DAYS.get(text[:10])
+        if day is None:
+            try:
+                day = _DAYS[text[:10]] = datetime.strptime(text[:10], "%Y/%m/%d").replace(tzinfo=timezone.utc).timestamp()
+            except ValueError:
+                day = None
+        if day is not None and text[11:13].isdigit() and text[14:16].isdigit() and text[17:19].isdigit():
+            h, m, sec = int(text[11:13]), int(text[14:16]), int(text[17:19])
+            frac = text[19:]
+            if h < 24 and m < 60 and sec < 61 and (not frac or (frac[0] == "." and frac[1:].isdigit())):
+                return day + h * 3600 + m * 60 + sec + (float(frac) if frac else 0.0)
     for fmt in ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S.%f"):
         try:
             return datetime.strptime(text, fmt).replace(tzinfo=timezone.utc).timestamp()

@@ -164,7 +164,7 @@ class LeakDetector:
         self._touch = -math.inf
         self._creep_since: float | None = None  # the floor has risen by leak_rise_ratio without steps since
         self._touch_floor = math.inf  # the hour's floor at the last touch
-        self._gaps: deque[tuple[float, float]] = deque()  # (when closed, length): time off the floor
+        self._gaps: deque[tuple[float, float]] = deque()  # (when closed, length): time off the floor, longest first
         self._quiet_since = -math.inf  # when the level was last set: a load, a step, memory given back
         self._candidate: _Candidate | None = None
         self._below_since: float | None = None
@@ -302,9 +302,10 @@ class LeakDetector:
     def _window(self, t: float) -> float:
         """1.5 × the longest recent stretch off the floor: the background's period."""
         p = self.p
-        while self._gaps and self._gaps[0][0] < t - p.leak_window_seconds:
-            self._gaps.popleft()
-        longest = max((g for _, g in self._gaps), default=0.0)
+        gaps = self._gaps  # a sliding maximum: lengths decrease from the front
+        while gaps and gaps[0][0] < t - p.leak_window_seconds:
+            gaps.popleft()
+        longest = gaps[0][1] if gaps else 0.0
         return min(p.max_envelope_seconds, max(p.envelope_seconds, 1.5 * longest, 4 * self._dt))
 
     def _track(self, t: float, value: float) -> LeakReport:
@@ -319,7 +320,10 @@ class LeakDetector:
             # the memory came back down to its floor: that long off it is the background's period
             # (not when the floor came up to the memory: a creep, or a step an hour old)
             if hour_floor <= self._touch_floor + near and t - self._touch > 2 * self._dt:
-                self._gaps.append((t, t - self._touch))
+                gap = t - self._touch
+                while self._gaps and self._gaps[-1][1] <= gap:
+                    self._gaps.pop()
+                self._gaps.append((t, gap))
             self._touch, self._touch_floor = t, hour_floor
         window = self._window(t)
         floor = self._env.min_since(t - window)
