@@ -28,11 +28,15 @@ from guardian.sim.launcher import SimLauncher
 from guardian.snapshot import Snapshot
 
 
-# A simulated engine has no CUDA graphs to capture: a short warm-up. Two steps
-# make a leak here and a step counts after 5 s instead of 5 min, so the
-# staircase is called one within the demo's 90 s (a real host keeps the
-# defaults: three steps inside six hours, each held for five minutes).
-DEMO_LEAK = dataclasses.replace(cfg.LeakParams(), warmup_seconds=2.0, leak_steps=2, regret_seconds=5.0)
+# A simulated engine loads in seconds and its memory has no background: the
+# detector's times in seconds instead of minutes. Two steps make a leak here and
+# a step counts once held for 12 s and settled for 5 s, so the staircase is
+# called one within the demo's 90 s (a real host keeps the defaults: three
+# steps inside six hours, each held three minutes and settled for thirty).
+DEMO_LEAK = dataclasses.replace(
+    cfg.LeakParams(), warmup_seconds=2.0, settle_seconds=3.0, envelope_seconds=3.0, max_envelope_seconds=30.0,
+    hold_seconds=12.0, leak_steps=2, regret_seconds=5.0,
+)  # fmt: skip
 # Likewise the breaker: seconds instead of minutes, so a level is entered and
 # left while you watch. The thresholds are the defaults unless the scenario
 # names its own (breaker-staircase does).

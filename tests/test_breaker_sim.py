@@ -40,7 +40,9 @@ def _fast(cluster: SimCluster, state_dir: Path, dry_run: bool) -> cfg.Config:
     breaker = dataclasses.replace(
         b, **{f.name: getattr(b, f.name) * SCALE for f in dataclasses.fields(b) if f.name.endswith(("_sustain_seconds", "_hold_seconds"))}
     )
-    leak = dataclasses.replace(DEMO_LEAK, warmup_seconds=0.5, regret_seconds=5 * SCALE, hold_samples=12)
+    leak = dataclasses.replace(
+        DEMO_LEAK, warmup_seconds=0.5, settle_seconds=1.0, envelope_seconds=1.0, regret_seconds=5 * SCALE, hold_seconds=3.0
+    )
     actions = DEMO_ACTIONS.model_copy(update={"dry_run": dry_run})
     return config.model_copy(update={"breaker": breaker, "leak": leak, "actions": actions})
 

@@ -260,14 +260,16 @@ def _events_until(proc: subprocess.Popen[str], event: str, timeout: float = 15) 
 
 async def test_a_leak_step_is_found_exported_and_logged(cluster: SimCluster, capsys: pytest.CaptureFixture[str]) -> None:
     logs.configure("json", "info")
-    config = _config(cluster).model_copy(update={"leak": LeakParams(warmup_seconds=0.5, regret_seconds=0.1, leak_steps=1)})
+    config = _config(cluster).model_copy(update={"leak": LeakParams(
+        warmup_seconds=0.5, settle_seconds=0.2, envelope_seconds=0.1, hold_seconds=0.3, regret_seconds=0.1, leak_steps=1
+    )})
     daemon = await _daemon(config, cluster)
     gpu = cluster.gpus[0]
     try:
         settled = 0  # polls since the detector's warm-up ended: the step comes after it, however fast polls are
         for _ in range(120):
             snap = await daemon.poll_once()
-            if not snap.memory.leaks["engine/sim0/gpu"].warming_up:  # type: ignore[union-attr]
+            if not any(snap.memory.leaks[s].warming_up for s in ("engine/sim0/gpu", "gpu/0/used")):  # type: ignore[union-attr]
                 settled += 1
             if settled == 5:
                 gpu.overhang_bytes += int(0.02 * gpu.total_bytes)

@@ -196,7 +196,7 @@ class LeakDetector:
         last = self._last
         if last is not None:
             self._dts.append(t - last[0])
-            if self._updates % 16 == 0:
+            if self._updates < 32 or self._updates % 16 == 0:
                 self._dt = max(1e-3, median(self._dts))
             self._diffs.append(abs(value - last[1]))
         self._last = (t, value)

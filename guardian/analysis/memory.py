@@ -7,7 +7,8 @@ Series, named as they are labelled in metrics and logs:
 - ``engine/<name>/rss``: host RSS of the engine's process tree.
 
 Pure: readings and signals in, reports out; restarts of an engine (from its
-process tree) start its series over with a warm-up.
+process tree) start its series over with a load, and the engine turning healthy
+ends it.
 """
 
 from __future__ import annotations
@@ -71,19 +72,27 @@ class MemoryWatch:
             if sig.gpu_memory_bytes is not None and capacity:
                 budget = placement[reading.name].budget_bytes
                 det = self._detector(gpu_series, budget, capacity)
-                if restarted:
-                    det.restart(t)
+                self._lifecycle(det, t, restarted, sig)
                 report = leaks[gpu_series] = det.update(t, sig.gpu_memory_bytes)
                 if report.warming_up or gpu_series not in self._held_at_warmup:
                     self._held_at_warmup[gpu_series] = float(sig.gpu_memory_bytes)
             if sig.rss_bytes is not None and self.host_memory:
                 rss_series = f"engine/{reading.name}/rss"
                 det = self._detector(rss_series, self.host_memory, self.host_memory)
-                if restarted:
-                    det.restart(t)
+                self._lifecycle(det, t, restarted, sig)
                 leaks[rss_series] = det.update(t, sig.rss_bytes)
             frags[reading.name] = self._fragmentation(reading, sig, leaks.get(gpu_series), gpu_series)
         return MemoryReport(leaks, frags, placement)
+
+    @staticmethod
+    def _lifecycle(det: LeakDetector, t: float, restarted: bool, sig: EngineSignals) -> None:
+        """What the engine says of itself beats what its memory suggests: a restart starts a
+        load, and a healthy engine has finished loading (vLLM answers /health once its KV
+        pool is allocated and its CUDA graphs captured)."""
+        if restarted:
+            det.restart(t)
+        elif sig.healthy:
+            det.ready(t)
 
     def _detector(self, series: str, budget: float, capacity: float) -> LeakDetector:
         det = self._detectors.get(series)
