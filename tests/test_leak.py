@@ -5,16 +5,22 @@ import random
 
 import pytest
 
-from guardian.analysis.leak import LeakDetector, LeakParams
+from guardian.analysis.leak import LeakDetector, LeakParams, episodes
 from guardian.sim import traces
 
 GiB = 2**30
 
 
-def _run(values, budget=traces.UTILIZATION * traces.TOTAL, capacity=traces.TOTAL, params=None):  # type: ignore[no-untyped-def]
+def _run(values, budget=traces.UTILIZATION * traces.TOTAL, capacity=traces.TOTAL, params=None, dt=1.0):  # type: ignore[no-untyped-def]
     det = LeakDetector(budget, capacity, params)
-    reports = [det.update(float(t), v) for t, v in enumerate(values)]
+    reports = [det.update(t * dt, v) for t, v in enumerate(values)]
     return det, reports
+
+
+def _noisy(segments: list[tuple[int, float]], sigma: float = 0.02 * GiB, seed: int = 1) -> list[float]:
+    """(seconds, level) pieces with Gaussian noise: a series with known steps."""
+    rng = random.Random(seed)
+    return [level + rng.gauss(0, sigma) for seconds, level in segments for _ in range(seconds)]
 
 
 def test_flat_noisy_memory_has_no_steps_and_no_leak() -> None:
@@ -23,27 +29,34 @@ def test_flat_noisy_memory_has_no_steps_and_no_leak() -> None:
     assert reports[-1].steps == () and not any(r.leak for r in reports)
 
 
-def test_staircase_steps_are_found_at_their_times_and_make_a_leak() -> None:
+def test_staircase_steps_are_found_at_their_times_never_before_and_make_a_leak() -> None:
     trace = traces.staircase(6 * 3600, seed=3, step_ratio=0.01)
     _, reports = _run(trace.values)
     found = reports[-1].held_steps
     assert len(found) == len(trace.steps) == 6
-    assert all(s.given_back_at is not None for s in reports[-1].steps if s not in found)  # the spikes
+    assert not [s for s in reports[-1].steps if s not in found]  # the spikes were never steps
     for (t, size), step in zip(trace.steps, found):
-        assert abs(step.t - t) <= 10  # the change point, not when it was noticed
-        assert step.found_at - t <= 40
-        assert step.size == pytest.approx(size, rel=0.2)
+        assert t <= step.t <= t + 5  # the change point, not when it was noticed, and never early
+        assert step.found_at - t <= 450  # a window for the floor to rise, a hold for it to stay
+        assert step.size == pytest.approx(size, rel=0.1)
     first_leak = next(i for i, r in enumerate(reports) if r.leak)
     # the third held step makes it a leak, once it has outlived the regret window
     assert first_leak == found[2].found_at + LeakParams().regret_seconds
-    final = reports[-1]
-    assert final.overhang == pytest.approx(sum(s for _, s in trace.steps), rel=0.1)
+    assert reports[-1].overhang == pytest.approx(sum(s for _, s in trace.steps), rel=0.1)
+
+
+def test_the_same_staircase_sampled_every_minute_is_found_too() -> None:
+    trace = traces.staircase(6 * 3600, seed=3, step_ratio=0.01)
+    _, reports = _run(trace.values[::60], dt=60.0)
+    found = reports[-1].held_steps
+    assert len(found) == len(trace.steps)
+    for (t, _), step in zip(trace.steps, found):
+        assert t <= step.t <= t + 15 * 60  # never early; spikes between the samples blur when
 
 
 def test_time_to_exhaustion_follows_the_step_rate() -> None:
-    budget = 100 * GiB
-    values = [50 * GiB] * 400 + [51 * GiB] * 600 + [52 * GiB] * 600 + [53 * GiB] * 300
-    _, reports = _run(values, budget=budget, capacity=60 * GiB, params=LeakParams(warmup_seconds=60, regret_seconds=60))
+    values = _noisy([(600, 50 * GiB), (1200, 51 * GiB), (1200, 52 * GiB), (900, 53 * GiB)])
+    _, reports = _run(values, budget=100 * GiB, capacity=60 * GiB, params=LeakParams(regret_seconds=60))
     final = reports[-1]
     assert len(final.held_steps) == 3 and final.leak
     span = len(values) - 1 - final.held_steps[0].t
@@ -51,27 +64,74 @@ def test_time_to_exhaustion_follows_the_step_rate() -> None:
     assert final.time_to_exhaustion == pytest.approx((60 - 53) * GiB / final.slope, rel=0.05)
 
 
-def test_spike_given_back_is_not_a_leak() -> None:
-    budget = 100 * GiB
-    values = [50 * GiB] * 600 + [55 * GiB] * 10 + [50 * GiB] * 600
-    _, reports = _run(values, budget=budget, params=LeakParams(warmup_seconds=60))
-    assert reports[-1].held_steps == () and not any(r.leak for r in reports)
+def test_a_spike_given_back_is_not_a_step() -> None:
+    values = _noisy([(900, 50 * GiB), (60, 55 * GiB), (900, 50 * GiB)])
+    _, reports = _run(values, budget=100 * GiB)
+    assert reports[-1].steps == () and not any(r.leak for r in reports)
 
 
-def test_long_spike_is_a_step_that_is_given_back() -> None:
-    budget = 100 * GiB
-    values = [50 * GiB] * 600 + [55 * GiB] * 90 + [50 * GiB] * 600
-    _, reports = _run(values, budget=budget, params=LeakParams(warmup_seconds=60))
+def test_a_long_spike_is_taken_back_as_a_transient() -> None:
+    values = _noisy([(900, 50 * GiB), (900, 55 * GiB), (1800, 50 * GiB)])
+    _, reports = _run(values, budget=100 * GiB)
     (step,) = reports[-1].steps
-    assert step.given_back_at is not None and reports[-1].held_steps == ()
+    assert step.ended_by == "transient" and reports[-1].held_steps == ()
     assert reports[-1].overhang < 0.1 * GiB
 
 
-def test_allocation_sawtooth_is_not_a_leak() -> None:
-    budget = 100 * GiB
-    values = [50 * GiB + (t % period) / period * 3 * GiB for period in (10, 25) for t in range(3600)]
-    _, reports = _run(values, budget=budget, params=LeakParams(warmup_seconds=60))
-    assert reports[-1].held_steps == () and not any(r.leak for r in reports)
+def test_memory_freed_long_after_gives_the_step_back_as_freed() -> None:
+    values = _noisy([(900, 50 * GiB), (2 * 3600, 52 * GiB), (3000, 50 * GiB)])
+    _, reports = _run(values, budget=100 * GiB)
+    (step,) = reports[-1].steps
+    assert step.ended_by == "freed" and step.given_back_at is not None
+
+
+@pytest.mark.parametrize("period", [10, 25, 90, 900, 1500])
+def test_allocation_sawtooth_of_any_period_is_not_a_leak(period: int) -> None:
+    values = [50 * GiB + (t % period) / period * 3 * GiB for t in range(6 * 3600)]
+    _, reports = _run(values, budget=100 * GiB)
+    assert reports[-1].steps == () and not any(r.leak for r in reports)
+
+
+@pytest.mark.parametrize("period", [25, 1200])
+def test_a_step_under_a_tooth_taller_than_it_is_found(period: int) -> None:
+    step_at = 3 * 3600 + 77
+    values = [50 * GiB + (t % period) / period * 3 * GiB + (GiB if t >= step_at else 0) for t in range(6 * 3600)]
+    _, reports = _run(values, budget=100 * GiB)
+    (step,) = reports[-1].steps
+    assert step.size == pytest.approx(GiB, rel=0.1)
+    assert step_at <= step.t <= step_at + period  # on the tooth it happened in, never before it
+
+
+def test_a_long_model_load_with_a_compile_pause_is_not_a_step() -> None:
+    # weights over 200 s, 5 minutes of compiling with flat memory, then the KV pool and CUDA graphs
+    load = [0.5 * GiB + i * 10 * GiB / 200 for i in range(200)] + [10.5 * GiB] * 300
+    load += [70 * GiB + i * GiB / 60 for i in range(60)]
+    values = load + _noisy([(4 * 3600, 71 * GiB)])
+    _, reports = _run(values)
+    assert reports[-1].steps == () and not any(r.leak for r in reports)
+    assert reports[500].warming_up is False or reports[560].warming_up  # the pause may look settled; the pool is still load
+    assert not reports[len(load) + 600].warming_up
+
+
+def test_a_slow_creep_is_not_a_staircase() -> None:
+    # 2% of the budget over three hours, then flat: a cache warming up, not steps
+    creep = [50 * GiB + min(t, 3 * 3600) / (3 * 3600) * 2 * GiB for t in range(6 * 3600)]
+    _, reports = _run(creep, budget=100 * GiB)
+    assert reports[-1].steps == () and not any(r.leak for r in reports)
+
+
+def test_a_creep_that_goes_on_becomes_a_leak_after_an_hour() -> None:
+    creep = [50 * GiB + t / 3600 * 2 * GiB for t in range(8 * 3600)]  # 2% an hour, for ever
+    _, reports = _run(creep, budget=100 * GiB)
+    first = next(i for i, r in enumerate(reports) if r.leak)
+    assert reports[-1].steps == ()
+    assert first > 2.5 * 3600  # 5% risen, then held an hour
+
+
+def test_one_big_step_is_a_step_not_a_leak() -> None:
+    values = _noisy([(900, 50 * GiB), (8 * 3600, 58 * GiB)])
+    _, reports = _run(values, budget=100 * GiB)
+    assert len(reports[-1].held_steps) == 1 and not any(r.leak for r in reports)
 
 
 def test_warm_up_and_restart_do_not_count() -> None:
@@ -79,23 +139,24 @@ def test_warm_up_and_restart_do_not_count() -> None:
     values = ramp + [72 * GiB] * 900 + [0.0] * 20 + ramp + [72.5 * GiB] * 900
     _, reports = _run(values)
     assert reports[-1].steps == ()
-    assert reports[len(ramp) + 900 + 30].warming_up  # the restart started a new warm-up
-
-
-def test_memory_freed_gives_steps_back() -> None:
-    budget = 100 * GiB
-    values = [50 * GiB] * 400 + [52 * GiB] * 600 + [50 * GiB] * 300
-    _, reports = _run(values, budget=budget, params=LeakParams(warmup_seconds=60, regret_seconds=60))
-    (step,) = reports[-1].steps
-    assert step.given_back_at is not None
+    assert reports[len(ramp) + 900 + 30].warming_up  # the restart started a new load
 
 
 def test_unknown_readings_are_skipped() -> None:
     det = LeakDetector(100 * GiB)
-    det.update(0.0, 50 * GiB)
-    report = det.update(1.0, None)
-    assert report.steps == () and report.level == 50 * GiB
-    assert det.update(2.0, math.nan).level == 50 * GiB
+    for t in range(400):
+        det.update(float(t), 50 * GiB)
+    report = det.update(400.0, None)
+    assert report.steps == () and report.level == 50 * GiB and not report.warming_up
+    assert det.update(401.0, math.nan).level == 50 * GiB
+
+
+def test_the_engine_turning_healthy_ends_the_load() -> None:
+    det = LeakDetector(100 * GiB)
+    det.update(0.0, 40 * GiB)
+    assert det.update(1.0, 50 * GiB).warming_up
+    det.ready(2.0)
+    assert not det.update(2.0, 50 * GiB).warming_up
 
 
 def test_same_input_same_answer() -> None:
@@ -107,20 +168,29 @@ def test_same_input_same_answer() -> None:
 
 def test_noisier_series_raise_the_step_threshold() -> None:
     rng = random.Random(4)
-    budget = 100 * GiB
     noisy = [50 * GiB + rng.gauss(0, 0.5 * GiB) for _ in range(4000)]
-    _, reports = _run(noisy, budget=budget, params=LeakParams(warmup_seconds=60))
+    _, reports = _run(noisy, budget=100 * GiB)
     assert reports[-1].held_steps == ()
 
 
-def test_a_restart_gives_the_old_processes_steps_back() -> None:
-    budget = 100 * GiB
-    params = LeakParams(warmup_seconds=60, regret_seconds=30, leak_steps=2)
-    det = LeakDetector(budget, params=params)
-    values = [50 * GiB] * 300 + [51 * GiB] * 300 + [52 * GiB] * 300
-    reports = [det.update(float(t), v) for t, v in enumerate(values)]
-    assert reports[-1].leak and len(reports[-1].held_steps) == 2
-    det.restart(900.0)
-    after = det.update(901.0, 50 * GiB)
-    assert not after.leak and after.held_steps == ()
-    assert len(after.given_back) == 2 and after.warming_up
+def test_a_restart_gives_the_steps_back_and_the_whole_log_still_shows_the_leak() -> None:
+    params = LeakParams(regret_seconds=60)
+    values = _noisy([(600, 50 * GiB), (900, 51 * GiB), (900, 52 * GiB), (900, 53 * GiB)])
+    det, reports = _run(values, budget=100 * GiB, params=params)
+    assert reports[-1].leak and len(reports[-1].held_steps) == 3
+    det.restart(3300.0)
+    after = det.update(3301.0, 50 * GiB)
+    assert not after.leak and after.held_steps == () and after.warming_up
+    assert [s.ended_by for s in after.given_back] == ["restart"] * 3
+    (episode,) = episodes(after.steps, params)
+    assert episode.end == 3300.0 and episode.ended_by == "restart" and len(episode.steps) == 3
+    assert episode.start == after.steps[0].t
+
+
+def test_steps_cut_short_by_an_out_of_memory_still_count() -> None:
+    # the last step is still in its hold when the engine dies: its jump is in the readings
+    values = _noisy([(600, 50 * GiB), (900, 51 * GiB), (900, 52 * GiB), (60, 53 * GiB), (5, 0.0)])
+    _, reports = _run(values, budget=100 * GiB, params=LeakParams(regret_seconds=60))
+    steps = reports[-1].steps
+    assert len(steps) == 3 and all(s.ended_by == "restart" for s in steps)
+    assert steps[-1].t == pytest.approx(2400, abs=2)

@@ -246,10 +246,20 @@ class LeakDetector:
 
         A leak is often ended by the out-of-memory its last steps caused, before they could hold.
         """
-        c = self._candidate
-        if c is None or self._level is None or not self._trace:
+        if self._level is None or not self._trace:
             return
-        jumps, _ = self._jumps(c.plateau, c.plateau - self._level, self._window(t), self._level)
+        k = self._k()
+        plateau = self._candidate.plateau if self._candidate is not None else None
+        if plateau is None:  # risen too recently for the floor to show: the readings since they rose
+            run = []
+            for _, v in reversed(self._raw):
+                if v <= self._level + k:
+                    break
+                run.append(v)
+            plateau = min(run) if len(run) >= 3 else None
+        if plateau is None or plateau - self._level < 1.5 * k:
+            return
+        jumps, _ = self._jumps(plateau, plateau - self._level, self._window(t), self._level)
         floor = self._level
         for when, rise in jumps:
             self._steps.append(Step(t=when, size=rise, found_at=t, before=floor))
@@ -385,6 +395,7 @@ class LeakDetector:
             del self._steps[: -self._history_limit]
             return tuple(steps)
         when = jumps[0][0] if jumps else self._change_point(plateau, size, window)
+        size = self._size(when, t, window, size) or size
         step = Step(t=when, size=size, found_at=t, before=level)
         last = self._steps[-1] if self._steps else None
         if last is not None and last.given_back_at is None and step.t - last.t < window / 2 and t - last.found_at <= 2 * window:
@@ -423,6 +434,25 @@ class LeakDetector:
             # spikes or sawtooth teeth among them: not these, but a jump seen is still a jump
             return [], visible and not any(r >= 0.5 * size for _, r in found)
         return [(when, rise * size / total) for when, rise in found], visible
+
+    def _size(self, when: float, t: float, window: float, floors: float) -> float | None:
+        """The step's size as the readings' median after it less their median before it.
+
+        Unbiased where the floors are not (a minimum over noise sits lower the more
+        readings it sees), for readings tight around their level; a background's
+        readings (a sawtooth) are left to the floors.
+        """
+        span = min(t - when, window)
+        before = sorted(v for s, v in self._raw if when - span <= s < when)
+        after = sorted(v for s, v in self._raw if when <= s <= t)
+        if len(before) < 4 or len(after) < 4:
+            return None
+        for side in (before, after):  # the lower half's spread: upward spikes leave it alone
+            n = len(side)
+            if side[n // 2] - side[n // 10] > floors / 2:
+                return None
+        size = after[len(after) // 2] - before[len(before) // 2]
+        return size if size > 0 else None
 
     def _abrupt(self, window: float) -> float:
         """How fast a step lifts the floor: within half a window (the last low readings of the
@@ -516,7 +546,7 @@ class LeakDetector:
         rise_needed = p.leak_rise_ratio * self.budget
         # the floor's rise that no step explains, held for an hour: a creep (one big step is a
         # step, not a leak; a floor that rises and falls back over hours is a slow background)
-        rise = overhang - sum(s.size for s in held)
+        rise = overhang - sum(s.size for s in self._steps if s.given_back_at is None)
         if rise < rise_needed:
             self._creep_since = None
         elif self._creep_since is None:
