@@ -10,7 +10,7 @@ import pytest
 
 from guardian.record import SampleRecorder
 from guardian.sample import GpuReading, NvmlReading, Sample
-from guardian.sim import traces
+from guardian.sim import smi_logs, traces
 
 GUARDIAN = [sys.executable, "-m", "guardian"]
 T0 = datetime(2026, 5, 1, 12, 0, 0, tzinfo=timezone.utc).timestamp()
@@ -74,7 +74,8 @@ def test_text_verdict_names_steps_and_exhaustion(tmp_path: Path, leak_and_health
     log = _smi(tmp_path / "smi.csv", {0: leak_and_healthy[0]}, True, True, False)
     result = _analyze(str(log))
     assert result.returncode == 1
-    assert "GPU 0 (" in result.stdout and f"steps held: {len(leak_and_healthy[0].steps)}" in result.stdout
+    n = len(leak_and_healthy[0].steps)
+    assert "GPU 0 (" in result.stdout and f"steps: {n} found, {n} still held at the end" in result.stdout
     assert "verdict: LEAK" in result.stdout and "projected exhaustion: in" in result.stdout
     assert f"{datetime.fromtimestamp(T0 + leak_and_healthy[0].steps[0][0], timezone.utc):%Y-%m-%d %H:%M}" in result.stdout
 
@@ -145,3 +146,57 @@ def test_record_files_rotate_and_stay_bounded(tmp_path: Path) -> None:
     newest = tmp_path / ("s.jsonl" if "s.jsonl" in files else "s.jsonl.1")
     last = json.loads(newest.read_text().splitlines()[-1])
     assert last["kind"] == "sample" and last["t"] == 99.0
+
+
+def test_a_line_cut_off_mid_write_is_skipped_and_the_total_is_what_most_rows_say(tmp_path: Path) -> None:
+    lines = _smi(tmp_path / "smi.csv", {3: traces.flat(1200, seed=1)}, False, False, False).read_text().splitlines()
+    lines[600] = lines[600].rsplit(",", 1)[0] + ", 1432"  # a row whose total was garbled
+    text = "\n".join(lines) + "\n" + lines[-1][:30]  # nvidia-smi killed while writing: '…, 3, 1423'
+    (tmp_path / "smi.csv").write_text(text)
+    result = _analyze(str(tmp_path / "smi.csv"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert f"smi.csv:1201: last line cut off mid-write, skipped: {lines[-1][:30]!r}" in result.stderr
+    (gpu,) = json.loads(result.stdout)
+    assert gpu["samples"] == 1200 and gpu["total_bytes"] == int(traces.TOTAL / MIB) * MIB
+    assert gpu["steps"] == [] and gpu["leak"] is False
+
+
+def test_json_tells_a_log_still_loading_and_the_card_total(tmp_path: Path) -> None:
+    ramp = traces.Trace("load", [0.02 * traces.TOTAL + i * 0.5 * traces.TOTAL / 200 for i in range(200)], traces.TOTAL, traces.TOTAL)
+    result = _analyze(str(_smi(tmp_path / "smi.csv", {0: ramp}, True, True, False)), "--json")
+    (gpu,) = json.loads(result.stdout)
+    assert gpu["at_end"]["warming_up"] is True and gpu["leak"] is False and gpu["episodes"] == []
+    text = _analyze(str(tmp_path / "smi.csv")).stdout
+    assert "a model load is still under way" in text and "too short to judge" in text
+
+
+def test_a_leak_ended_by_an_out_of_memory_is_still_reported(tmp_path: Path) -> None:
+    """The steps were given back by the restart: the log's end looks healthy, the log shows a leak."""
+    log = next(
+        g
+        for seed in range(40)
+        for g in [smi_logs.generate(seed, 1, "flat", 0.02, gpus=1, hours=6, card_gb=24)]
+        if g.gpus[0].episodes and g.gpus[0].episodes[0][1] is not None and not g.gaps
+    )
+    (tmp_path / "smi.csv").write_text(log.text)
+    result = _analyze(str(tmp_path / "smi.csv"), "--json")
+    assert result.returncode == 1, result.stdout
+    (gpu,) = json.loads(result.stdout)
+    assert gpu["leak"] is True
+    (start, end) = log.gpus[0].episodes[0]
+    first = gpu["episodes"][0]
+    ended = datetime.strptime(first["end"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    assert first["ended_by"] == "restart" and end <= ended <= end + 2  # seen at the first reading after it
+    assert first["steps"] >= 3
+    text = _analyze(str(tmp_path / "smi.csv")).stdout
+    assert "then restarted at" in text and "verdict: LEAK" in text
+
+
+@pytest.mark.parametrize("background", ["slow-sawtooth", "fast-sawtooth", "spikes", "restarts", "slow-ramp"])
+def test_realistic_leak_free_logs_get_no_leak_verdict(tmp_path: Path, background: str) -> None:
+    log = smi_logs.generate(11, 5, background, 0.0, gpus=2, hours=24)  # step ratio 0: nothing leaks
+    assert not any(g.leak for g in log.gpus)
+    (tmp_path / "smi.csv").write_text(log.text)
+    result = _analyze(str(tmp_path / "smi.csv"), "--json")
+    assert result.returncode == 0, result.stdout
+    assert all(not gpu["leak"] and not gpu["live_alarms"] for gpu in json.loads(result.stdout))
