@@ -210,6 +210,15 @@ def main() -> int:
         s = total(big, lambda k, iv=iv: k[0] == iv)
         print(f"{'all -l ' + format(iv, 'g'):>14} | recall {pct(s.found, s.true_steps)}  precision {pct(s.correct, s.reported)}")
 
+    print("\nverdicts right / early reports / split steps, per background and sampling interval (all step sizes)")
+    print(f"{'background':>14} | " + " | ".join(f"{'-l ' + format(iv, 'g'):>16}" for iv in smi_logs.INTERVALS))
+    for bg in smi_logs.BACKGROUNDS:
+        row = []
+        for iv in smi_logs.INTERVALS:
+            s = total(every, lambda k, iv=iv, bg=bg: k[0] == iv and k[1] == bg)
+            row.append(f"{pct(s.verdicts_right, s.gpus)} {s.early:>3} {s.split:>3}")
+        print(f"{bg:>14} | " + " | ".join(f"{cell:>16}" for cell in row))
+
     print("\nrecall per step size (all steps) and sampling interval")
     print(f"{'step':>6} | " + " | ".join(f"{'-l ' + format(iv, 'g'):>8}" for iv in smi_logs.INTERVALS))
     for ratio in smi_logs.STEP_RATIOS:

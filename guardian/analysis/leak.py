@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from statistics import median
 
 
@@ -129,9 +129,6 @@ class _Envelope:
     def min_since(self, since: float) -> float:
         i = bisect_left(self.times, since, self.head)
         return self.values[min(i, len(self.values) - 1)]
-
-    def clear(self) -> None:
-        self.times, self.values, self.head = [], [], 0
 
 
 class LeakDetector:

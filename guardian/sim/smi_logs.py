@@ -198,7 +198,7 @@ def _new_run(rng: random.Random, start: float, card: float, loaded: bool, level:
 def _oom(run: _Run, bg: _Background, card: float) -> float | None:
     """When the held steps plus the background's peak pass the card, the engine dies of out-of-memory."""
     held = 0.0
-    kept = []
+    kept: list[tuple[float, float]] = []
     for t, size in run.steps:
         if t >= run.end:
             break
