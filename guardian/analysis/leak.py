@@ -44,6 +44,7 @@ Pure: ``update(t, value)`` with time as an argument; no clock, no I/O.
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_left
 from collections import deque
@@ -143,9 +144,10 @@ class LeakDetector:
         self._trace: deque[tuple[float, float]] = deque()  # (t, floor): how fast a floor rose
         self._prev2: tuple[float | None, float | None] = (None, None)
         self._diffs: deque[float] = deque(maxlen=301)
-        self._floors: deque[float] = deque(maxlen=40)  # the envelope once per window: its own jitter
+        self._floors: deque[float] = deque(maxlen=12)  # the envelope once per window: its own jitter
         self._floor_t = -math.inf
         self._sigma = 0.0
+        self._spread = 0.0
         self._sigma_floor: float | None = None
         self._updates = 0
         self._last: tuple[float, float] | None = None
@@ -322,7 +324,7 @@ class LeakDetector:
         # time off the floor of the last hour is the background's period; stretches that held a
         # step, a load or memory given back say nothing about it
         hour_floor = self._env.min_since(max(t - p.max_envelope_seconds, self._loaded_at))
-        near = p.min_step_ratio * self.budget / 2
+        near = max(p.min_step_ratio * self.budget / 2, 0.1 * self._spread)  # the floor's tenth of the background
         if value <= hour_floor + near:
             # the memory came back down to its floor: that long off it is the background's period
             # (not when the floor came up to the memory: a creep, or a step an hour old)
@@ -515,6 +517,9 @@ class LeakDetector:
     # -- noise ----------------------------------------------------------------------------------
 
     def _noise(self) -> None:
+        recent = sorted(v for _, v in itertools.islice(reversed(self._raw), 300))
+        if len(recent) >= 10:  # how far the background spreads above its floor: p10 to p90
+            self._spread = recent[9 * len(recent) // 10] - recent[len(recent) // 10]
         if len(self._diffs) >= 10:
             # MAD of first differences: sigma of the readings, robust to the steps themselves
             self._sigma = 1.4826 * median(self._diffs) / math.sqrt(2)
