@@ -166,6 +166,7 @@ class LeakDetector:
         self._gaps: deque[tuple[float, float]] = deque()  # (when closed, length): time off the floor, longest first
         self._quiet_since = -math.inf  # when the level was last set: a load, a step, memory given back
         self._candidate: _Candidate | None = None
+        self._jump: tuple[float, float] | None = None  # a jump the size of a load: (when, the reading before)
         self._below_since: float | None = None
         self._steps: list[Step] = []
         self._ended: list[Step] = []  # given back since the last report
@@ -207,12 +208,16 @@ class LeakDetector:
         elif last is not None and t - last[0] > max(10 * self._dt, 300.0):
             self._flush(t)
             self._begin_load(t)  # nothing seen for a while: what rose meanwhile is not a step we can place
-        elif self._loading_since is None and self._level is not None:
-            # the floor as it now stands (a step still in its hold counts): far above it is a load
-            now = self._level if self._candidate is None else max(self._level, self._candidate.plateau)
-            jump = now + p.load_jump_ratio * self.budget
-            if value > jump and self._env.min_since(t - p.envelope_seconds) > jump:
-                self._reload(t)
+        elif self._loading_since is None and self._level is not None and last is not None:
+            # a jump of a KV pool's size from one reading to the next, that stays: a load (steps
+            # add up to as much only over many readings)
+            if value - last[1] >= p.load_jump_ratio * self.budget:
+                self._jump = (t, last[1])
+            elif self._jump is not None and t - self._jump[0] >= p.envelope_seconds:
+                at, before = self._jump
+                self._jump = None
+                if min(v for s, v in self._raw if s >= at) > before + 0.5 * p.load_jump_ratio * self.budget:
+                    self._reload(at)
         keep = p.max_envelope_seconds * 2 + p.hold_seconds
         self._raw.append((t, value))
         while self._raw[0][0] < t - keep:
@@ -236,33 +241,27 @@ class LeakDetector:
         self._load_top = self._load_creep = -math.inf
         self._load_rise_t = self._load_creep_t = t
         self._level = None
-        self._candidate, self._below_since = None, None
+        self._candidate, self._below_since, self._jump = None, None, None
         self._trace.clear()
         self._prev2 = (None, None)
 
     def _flush(self, t: float) -> None:
-        """The series ends here (a restart, a gap): steps still in their hold count if the readings show their jumps.
+        """The series ends here (a restart, a gap): steps still in their hold count if the readings
+        show their jumps, each held to the end (a spike's jump is given back).
 
         A leak is often ended by the out-of-memory its last steps caused, before they could hold.
         """
-        if self._level is None or not self._trace:
+        if self._level is None or self._loading_since is not None:
             return
-        k = self._k()
-        plateau = self._candidate.plateau if self._candidate is not None else None
-        if plateau is None:  # risen too recently for the floor to show: the readings since they rose
-            run = []
-            for _, v in reversed(self._raw):
-                if v <= self._level + k:
-                    break
-                run.append(v)
-            plateau = min(run) if len(run) >= 3 else None
-        if plateau is None or plateau - self._level < 1.5 * k:
-            return
-        jumps, _ = self._jumps(plateau, plateau - self._level, self._window(t), self._level)
+        tau = max(1.5 * self._k(), 6 * self._sigma)
+        raw = [(s, v) for s, v in self._raw if s >= self._quiet_since]
         floor = self._level
-        for when, rise in jumps:
-            self._steps.append(Step(t=when, size=rise, found_at=t, before=floor))
-            floor += rise
+        for i in range(1, len(raw)):
+            rise = raw[i][1] - raw[i - 1][1]
+            held = t - raw[i][0] >= max(self.p.hold_seconds / 2, 2 * self._dt)  # a spike that is still up is no step
+            if rise > tau and held and min(v for _, v in raw[i:]) >= floor + 0.5 * rise:
+                self._steps.append(Step(t=raw[i][0], size=rise, found_at=t, before=floor))
+                floor += rise
         self._candidate = None
 
     def _reload(self, t: float) -> None:
@@ -335,7 +334,7 @@ class LeakDetector:
                 self._gaps.append((t, gap))
             self._touch, self._touch_floor = t, hour_floor
         window = self._window(t)
-        floor = self._env.min_since(t - window)
+        floor = self._env.min_since(max(t - window, self._loaded_at))  # the load's readings are no floor
         if t - self._floor_t >= window and self._candidate is None:
             self._floors.append(floor)
             self._floor_t = t
@@ -415,7 +414,10 @@ class LeakDetector:
         are scaled to the floor's.
         """
         low = next((s for s, v in reversed(self._trace) if v <= level + 0.25 * size), self._trace[0][0])
-        raw = [(s, v) for s, v in self._raw if s >= low - 1.5 * window]  # the floor lags the readings by a window
+        since = max(low - 1.5 * window, self._loaded_at)  # the floor lags the readings by a window
+        if self._steps and self._steps[-1].given_back_at is None:
+            since = max(since, self._steps[-1].t + self._dt / 2)  # not the last step's own jump
+        raw = [(s, v) for s, v in self._raw if s >= since]
         tau = max(1.5 * self._k(), 6 * self._sigma)
         found: list[tuple[float, float]] = []
         last = -2
@@ -427,6 +429,12 @@ class LeakDetector:
             elif rise > tau:
                 found.append((raw[i][0], rise))
                 last = i
+        held, floor = [], level
+        for when, rise in found:  # a spike's jump is given back: the readings after it fall below it
+            if min(v for s, v in raw if s >= when) >= floor + 0.5 * rise:
+                held.append((when, rise))
+                floor += rise
+        found = held
         visible = tau < 0.6 * size
         total = sum(r for _, r in found)
         if not 0.6 * size <= total <= 1.5 * size:
