@@ -384,6 +384,7 @@ class LeakDetector:
         if not jumps and visible:
             return ()  # the readings would show a jump this big, and show none: the floor crept
         self._quiet_since = t
+        self._floors.clear()  # the floor's jitter is measured between steps, not across them
         if len(jumps) > 1:  # steps closer than the background's period: the readings show each one
             steps, floor = [], level
             for when, rise in jumps:
