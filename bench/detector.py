@@ -198,26 +198,21 @@ def main() -> int:
                 out.add(value)
         return out
 
-    print(f"\nsteps ≥ 1% of the card: recall / precision per sampling interval and background ({args.logs} logs per cell)")
-    print(f"{'background':>14} | " + " | ".join(f"{'-l ' + format(iv, 'g'):>15}" for iv in smi_logs.INTERVALS))
-    for bg in smi_logs.BACKGROUNDS:
-        row = []
-        for iv in smi_logs.INTERVALS:
-            s = total(big, lambda k, iv=iv, bg=bg: k[0] == iv and k[1] == bg)
-            row.append(f"{pct(s.found, s.true_steps)} {pct(s.correct, s.reported)}")
-        print(f"{bg:>14} | " + " | ".join(f"{cell:>15}" for cell in row))
+    def grid(title: str, table: dict[tuple[float, str, float], Score], cell, width: int) -> None:  # type: ignore[no-untyped-def]
+        """One row per background, one column per sampling interval."""
+        print(title)
+        print(f"{'background':>14} | " + " | ".join(f"{'-l ' + format(iv, 'g'):>{width}}" for iv in smi_logs.INTERVALS))
+        for bg in smi_logs.BACKGROUNDS:
+            row = [cell(total(table, lambda k, iv=iv, bg=bg: k[0] == iv and k[1] == bg)) for iv in smi_logs.INTERVALS]
+            print(f"{bg:>14} | " + " | ".join(f"{c:>{width}}" for c in row))
+
+    grid(f"\nsteps ≥ 1% of the card: recall / precision per sampling interval and background ({args.logs} logs per cell)",
+         big, lambda s: f"{pct(s.found, s.true_steps)} {pct(s.correct, s.reported)}", 15)  # fmt: skip
     for iv in smi_logs.INTERVALS:
         s = total(big, lambda k, iv=iv: k[0] == iv)
         print(f"{'all -l ' + format(iv, 'g'):>14} | recall {pct(s.found, s.true_steps)}  precision {pct(s.correct, s.reported)}")
-
-    print("\nverdicts right / early reports / split steps, per background and sampling interval (all step sizes)")
-    print(f"{'background':>14} | " + " | ".join(f"{'-l ' + format(iv, 'g'):>16}" for iv in smi_logs.INTERVALS))
-    for bg in smi_logs.BACKGROUNDS:
-        row = []
-        for iv in smi_logs.INTERVALS:
-            s = total(every, lambda k, iv=iv, bg=bg: k[0] == iv and k[1] == bg)
-            row.append(f"{pct(s.verdicts_right, s.gpus)} {s.early:>3} {s.split:>3}")
-        print(f"{bg:>14} | " + " | ".join(f"{cell:>16}" for cell in row))
+    grid("\nverdicts right / early reports / split steps, per background and sampling interval (all step sizes)",
+         every, lambda s: f"{pct(s.verdicts_right, s.gpus)} {s.early:>3} {s.split:>3}", 16)  # fmt: skip
 
     print("\nrecall per step size (all steps) and sampling interval")
     print(f"{'step':>6} | " + " | ".join(f"{'-l ' + format(iv, 'g'):>8}" for iv in smi_logs.INTERVALS))
