@@ -167,6 +167,8 @@ class LeakDetector:
         self._quiet_since = -math.inf  # when the level was last set: a load, a step, memory given back
         self._candidate: _Candidate | None = None
         self._jump: tuple[float, float] | None = None  # a jump the size of a load: (when, the reading before)
+        self._pending: list[tuple[float, float, float]] = []  # jumps not yet held a window: (when, before, rise)
+        self._jump_back_t, self._jump_back = -math.inf, 0.0  # when a jump was last given back, and its size
         self._below_since: float | None = None
         self._steps: list[Step] = []
         self._ended: list[Step] = []  # given back since the last report
@@ -241,7 +243,7 @@ class LeakDetector:
         self._load_top = self._load_creep = -math.inf
         self._load_rise_t = self._load_creep_t = t
         self._level = None
-        self._candidate, self._below_since, self._jump = None, None, None
+        self._candidate, self._below_since, self._jump, self._pending = None, None, None, []
         self._trace.clear()
         self._prev2 = (None, None)
 
@@ -341,7 +343,9 @@ class LeakDetector:
         self._trace.append((t, floor))
         while self._trace[0][0] < t - 2 * (window + p.hold_seconds):
             self._trace.popleft()
-        new: tuple[Step, ...] = ()
+        new = self._held_jump(t, value, k, window)
+        if new:
+            return self._report(t, new)
         hold = max(p.hold_seconds, window / 2)
         c = self._candidate
         if floor > self._level + k:
@@ -372,6 +376,44 @@ class LeakDetector:
                 self._below_since = None
         return self._report(t, new)
 
+    def _held_jump(self, t: float, value: float, k: float, window: float) -> tuple[Step, ...]:
+        """A jump between two readings, held for a window: a step, known before the floor shows it.
+
+        Where the readings are smooth enough to show it (a slow sawtooth's flank, noise well under
+        the step) this is a period or more sooner than the floor; a spike or a tooth given back
+        within the window is none.
+        """
+        assert self._level is not None
+        tau = max(1.5 * k, 6 * self._sigma)
+        if len(self._raw) >= 2:
+            before = self._raw[-2][1]
+            if value - before > tau:
+                self._pending.append((t, before, value - before))
+        if not self._pending:
+            return ()
+        kept = [(s, b, r) for s, b, r in self._pending if value >= b + 0.5 * r]
+        if len(kept) < len(self._pending):  # given back: jumps like it belong to the background here
+            self._jump_back_t = t
+            self._jump_back = max((r for j in self._pending if j not in kept for r in (j[2],)), default=0.0)
+        self._pending = kept
+        if not kept or t - kept[0][0] < max(window, self.p.hold_seconds / 2):
+            return ()
+        when, _, rise = self._pending.pop(0)
+        if t - self._jump_back_t < self.p.max_envelope_seconds and self._jump_back >= 0.5 * rise:
+            return ()  # spikes, an aliased sawtooth: the floor will tell
+        # less what the background rises by between two readings anyway (a sawtooth's flank)
+        earlier = [v for s, v in self._raw if when - window <= s < when]
+        drift = median(b - a for a, b in zip(earlier, earlier[1:])) if len(earlier) > 2 else 0.0
+        rise -= max(0.0, drift)
+        step = Step(t=when, size=rise, found_at=t, before=self._level)
+        self._level += rise
+        self._candidate = None
+        self._quiet_since = t
+        self._floors.clear()
+        self._steps.append(step)
+        del self._steps[: -self._history_limit]
+        return (step,)
+
     def _confirm(self, t: float, plateau: float, window: float) -> tuple[Step, ...]:
         """A raised floor that held: a step if it rose abruptly, drift if it crept."""
         assert self._level is not None
@@ -397,7 +439,8 @@ class LeakDetector:
         size = self._size(when, t, window, size) or size
         step = Step(t=when, size=size, found_at=t, before=level)
         last = self._steps[-1] if self._steps else None
-        if last is not None and last.given_back_at is None and step.t - last.t < window / 2 and t - last.found_at <= 2 * window:
+        recent = last is not None and last.given_back_at is None and t - last.found_at <= 2 * window
+        if last is not None and recent and (step.t - last.t < window / 2 or size < 0.5 * last.size):
             # the floor of a sawtooth rises in stages as the old troughs leave the window: one step
             step = replace(last, size=last.size + size, found_at=t)
             self._steps[-1] = step
