@@ -10,25 +10,32 @@ given back), a slow creep that stops, and restarts. A leak is a rise of the
 Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
 
 1. **Load by behaviour.** After a start nothing counts until memory has
-   stopped rising for ``settle_seconds`` (and at least ``warmup_seconds``
-   passed); a rise of ``load_jump_ratio`` of the budget later on (a long
+   not risen by 1% of the budget for ``settle_seconds`` nor by the smallest
+   step for ``envelope_seconds`` (and ``warmup_seconds`` passed); a jump of
+   ``load_jump_ratio`` of the budget between two readings later on (a long
    compile ended and the KV pool arrived) is more of the load, not a step,
-   and the steps seen since the start go with it. Live, the daemon says
-   when the engine turned healthy (``ready``).
+   and steps found just before it go with it. Live, the daemon says when the
+   engine turned healthy (``ready``).
 2. **The floor on the background's own time scale.** The level is the lower
-   envelope: the minimum over a window ``W``. ``W`` is 1.5× the longest
-   time the memory recently stayed off its floor (the background's period:
-   a sawtooth's tooth, a spike), at least ``envelope_seconds``. A rising
-   flank is then not a staircase, and a step under a tall tooth still
-   lifts the floor.
+   envelope: the minimum (of a median of three readings) over a window
+   ``W``, 1.5× the longest time the memory recently stayed off its floor
+   (the background's period: a sawtooth's tooth, a spike), at least
+   ``envelope_seconds``. A rising flank is then not a staircase, and a step
+   under a tall tooth still lifts the floor.
 3. **A step** is the envelope above the floor by ``k`` for ``hold_seconds``
-   (or ``W`` if longer), no longer climbing, and reached *abruptly*: a floor
-   that creeps up over longer than ``0.6 W`` is drift, absorbed into the
-   floor (and counted by the rise rule), not a step. ``k`` is half the
-   smallest step of interest or ``noise_factor`` sigmas of the envelope's
-   own jitter, whichever is larger.
-4. **When.** The change point is the first reading on the new floor after
-   the last one below it; never the start of the flank it may sit on.
+   (or ``W / 2`` if longer), reached *abruptly*: a floor that took more than
+   half a window to rise, or rose where the readings are smooth enough to
+   show a jump and show none, crept — drift, absorbed into the floor (and
+   counted by the creep rule), not a step. ``k`` is half the smallest step
+   of interest or ``noise_factor`` sigmas of the envelope's own jitter,
+   whichever is larger. Steps closer than a window are told apart by their
+   jumps.
+   Sooner: a jump between two readings that holds for a window is a step
+   at once (on a slow sawtooth a period before the floor shows it), unless
+   jumps like it were given back lately (spikes, an aliased sawtooth).
+4. **When.** The jump where the readings show one; else the first reading
+   that proves the step (above the old readings' top), else the first on
+   the new floor; never the start of the flank it may sit on.
 5. **Given back.** The envelope below the floor for a hold gives the newest
    steps back: ``transient`` if that happens within ``regret_seconds`` of
    their finding (a long spike, a tooth), ``freed`` otherwise; a fall of
