@@ -119,7 +119,7 @@ def _score_steps(
 ) -> None:
     late = max(600.0, 10 * interval, truth.period + 300.0)
     true = sorted((s for s in truth.steps if not any(a <= s.t <= b for a, b in gaps)), key=lambda s: s.t)
-    reported = sorted((s for s in v.steps if s.ended_by != "transient"), key=lambda s: s.t)
+    reported = sorted(v.found, key=lambda s: s.t)
     matched: set[int] = set()
     big_size = 0.79 * BIG * truth.total  # the 1% class drawn at ±25%: 0.8–1.25%
     every.true_steps += len(true)

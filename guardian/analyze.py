@@ -44,15 +44,19 @@ class Series:
 @dataclass(frozen=True)
 class Verdict:
     series: Series
-    report: LeakReport  # the state at the log's end
+    report: LeakReport  # the state at the log's end; its steps are every step over the whole log
     samples: int
-    steps: tuple[Step, ...]  # every step over the whole log
     episodes: list[Episode]  # the leaks over the whole log, in hindsight
     alarms: list[tuple[float, float | None]]  # when guardian run's live leak verdict would have been on
 
     @property
     def leak(self) -> bool:
         return bool(self.episodes) or self.report.leak
+
+    @property
+    def found(self) -> list[Step]:
+        """The steps, less the transients the detector took back (long spikes, sawtooth teeth)."""
+        return [s for s in self.report.steps if s.ended_by != "transient"]
 
 
 class InputError(ValueError):
@@ -228,8 +232,7 @@ def analyze(series: list[Series], params: LeakParams) -> list[Verdict]:
             elif not report.leak and alarms and alarms[-1][1] is None:
                 alarms[-1] = (alarms[-1][0], t)
         assert report is not None
-        steps = report.steps
-        verdicts.append(Verdict(s, report, len(s.times), steps, episodes(steps, params), alarms))
+        verdicts.append(Verdict(s, report, len(s.times), episodes(report.steps, params), alarms))
     return verdicts
 
 
@@ -239,13 +242,13 @@ def render(verdicts: list[Verdict]) -> str:
         s, r = v.series, v.report
         total = f", total {s.total / GiB:.1f} GiB" if s.total else ""
         out.append(f"GPU {s.gpu} ({s.source}: {v.samples} samples, {_when(s.times[0])} → {_when(s.times[-1])}{total})")
-        real = [step for step in v.steps if step.ended_by != "transient"]
+        real = v.found
         held = [step for step in real if step.given_back_at is None]
         out.append(f"  steps: {len(real)} found, {len(held)} still held at the end")
         for step in real:
             fate = "" if step.ended_by is None else f"  (given back {_how(step)} at {_when(step.given_back_at or 0)})"
             out.append(f"    {_when(step.t)}  {step.size / GiB:+.2f} GiB{fate}")
-        transients = len(v.steps) - len(real)
+        transients = len(r.steps) - len(real)
         if transients:
             out.append(f"  transients taken back (long spikes, sawtooth teeth): {transients}")
         for e in v.episodes:
@@ -265,7 +268,7 @@ def render(verdicts: list[Verdict]) -> str:
             out.append(f"  projected exhaustion: in {r.time_to_exhaustion / 3600:.1f} h at the current step rate (around {_when(end)})")
         if v.leak:
             out.append(f"  verdict: LEAK ({_episodes_brief(v)})")
-        elif v.samples and r.warming_up and r.level is None and not v.steps:
+        elif r.warming_up and not r.steps:
             out.append("  verdict: too short to judge (the log ends inside a model load)")
         else:
             out.append(f"  verdict: no leak (confidence of a leak at the end {r.confidence:.2f})")
@@ -283,7 +286,10 @@ def _ended(e: Episode) -> str:
 def _episodes_brief(v: Verdict) -> str:
     if not v.episodes:
         return f"the floor rose {v.report.overhang / GiB:+.2f} GiB"
-    return "; ".join(f"{len(e.steps)} steps from {_when(e.start)}" + ("" if e.end is None else f", {_ended(e)} at {_when(e.end)}") for e in v.episodes)
+    return "; ".join(
+        f"{len(e.steps)} steps from {_when(e.start)}" + ("" if e.end is None else f", {_ended(e)} at {_when(e.end)}")
+        for e in v.episodes
+    )
 
 
 def to_json(verdicts: list[Verdict]) -> list[dict[str, Any]]:
@@ -322,10 +328,9 @@ def to_json(verdicts: list[Verdict]) -> list[dict[str, Any]]:
                     "ended_by": s.ended_by,
                     "given_back_at": None if s.given_back_at is None else _when(s.given_back_at),
                 }
-                for s in v.steps
-                if s.ended_by != "transient"
+                for s in v.found
             ],
-            "transients": sum(1 for s in v.steps if s.ended_by == "transient"),
+            "transients": len(v.report.steps) - len(v.found),
         }
         for v in verdicts
     ]
@@ -348,14 +353,13 @@ def plot(verdicts: list[Verdict], out: Path) -> None:
         low = sorted(s.used)[len(s.used) // 50] / GiB
         high = max(max(s.used), s.total or 0) / GiB
         ax.set_ylim(max(0.0, low - 0.05 * (high - low) - 0.5), high + 0.05 * (high - low) + 0.5)
-        for step in v.steps:
-            if step.ended_by != "transient":
-                ax.axvline((step.t - t0) / 3600, color="#d62728", lw=1.2)
+        found = v.found
+        for step in found:
+            ax.axvline((step.t - t0) / 3600, color="#d62728", lw=1.2)
         for e in v.episodes:
             ax.axvspan((e.start - t0) / 3600, ((e.end or s.times[-1]) - t0) / 3600, color="#d62728", alpha=0.08)
         verdict = "LEAK" if v.leak else "no leak"
-        steps = sum(1 for step in v.steps if step.ended_by != "transient")
-        ax.set_title(f"GPU {s.gpu}: {steps} steps ({verdict}); red lines = steps, shaded = leak present")
+        ax.set_title(f"GPU {s.gpu}: {len(found)} steps ({verdict}); red lines = steps, shaded = leak present")
         ax.set_xlabel(f"hours since {_when(t0)}")
         ax.set_ylabel("GiB")
         ax.legend(loc="lower right", fontsize=8)

@@ -164,7 +164,6 @@ class LeakDetector:
         self._loaded_at = -math.inf  # when the last load ended
         self._load_top = self._load_creep = 0.0  # the highest reading in the load, for big and small rises
         self._load_rise_t = self._load_creep_t = 0.0
-        self._started = False
         self._level: float | None = None
         self._base: float | None = None
         self._touch = -math.inf
@@ -209,15 +208,14 @@ class LeakDetector:
                 self._dt = max(1e-3, median(self._dts))
             self._diffs.append(abs(value - last[1]))
         self._last = (t, value)
-        if not self._started:
-            self._started = True
+        if last is None:
             self._begin_load(t)
         elif self._level is not None and value < self._level - p.restart_drop_ratio * self.budget:
             self.restart(t)
-        elif last is not None and t - last[0] > max(10 * self._dt, 300.0):
+        elif t - last[0] > max(10 * self._dt, 300.0):
             self._flush(t)
             self._begin_load(t)  # nothing seen for a while: what rose meanwhile is not a step we can place
-        elif self._loading_since is None and self._level is not None and last is not None:
+        elif self._loading_since is None and self._level is not None:
             # a jump of a KV pool's size from one reading to the next, that stays: a load (steps
             # add up to as much only over many readings)
             if value - last[1] >= p.load_jump_ratio * self.budget:
@@ -262,15 +260,14 @@ class LeakDetector:
         """
         if self._level is None or self._loading_since is not None:
             return
-        tau = max(1.5 * self._k(), 6 * self._sigma)
+        tau = self._jump_threshold(self._k())
         raw = [(s, v) for s, v in self._raw if s >= self._quiet_since]
+        aged = max(self.p.hold_seconds / 2, 2 * self._dt)  # a spike that is still up is no step
+        rises = [(b[0], b[1] - a[1]) for a, b in zip(raw, raw[1:]) if b[1] - a[1] > tau and t - b[0] >= aged]
         floor = self._level
-        for i in range(1, len(raw)):
-            rise = raw[i][1] - raw[i - 1][1]
-            held = t - raw[i][0] >= max(self.p.hold_seconds / 2, 2 * self._dt)  # a spike that is still up is no step
-            if rise > tau and held and min(v for _, v in raw[i:]) >= floor + 0.5 * rise:
-                self._steps.append(Step(t=raw[i][0], size=rise, found_at=t, before=floor))
-                floor += rise
+        for when, rise in self._held(rises, raw, self._level):
+            self._add(Step(t=when, size=rise, found_at=t, before=floor))
+            floor += rise
         self._candidate = None
 
     def _reload(self, t: float) -> None:
@@ -391,7 +388,7 @@ class LeakDetector:
         within the window is none.
         """
         assert self._level is not None
-        tau = max(1.5 * k, 6 * self._sigma)
+        tau = self._jump_threshold(k)
         if len(self._raw) >= 2:
             before = self._raw[-2][1]
             if value - before > tau:
@@ -401,7 +398,7 @@ class LeakDetector:
         kept = [(s, b, r) for s, b, r in self._pending if value >= b + 0.5 * r]
         if len(kept) < len(self._pending):  # given back: jumps like it belong to the background here
             self._jump_back_t = t
-            self._jump_back = max((r for j in self._pending if j not in kept for r in (j[2],)), default=0.0)
+            self._jump_back = max(r for s, b, r in self._pending if (s, b, r) not in kept)
         self._pending = kept
         if not kept or t - kept[0][0] < max(window, self.p.hold_seconds / 2):
             return ()
@@ -417,8 +414,7 @@ class LeakDetector:
         self._candidate = None
         self._quiet_since = t
         self._floors.clear()
-        self._steps.append(step)
-        del self._steps[: -self._history_limit]
+        self._add(step)
         return (step,)
 
     def _confirm(self, t: float, plateau: float, window: float) -> tuple[Step, ...]:
@@ -439,8 +435,8 @@ class LeakDetector:
             for when, rise in jumps:
                 steps.append(Step(t=when, size=rise, found_at=t, before=floor))
                 floor += rise
-            self._steps.extend(steps)
-            del self._steps[: -self._history_limit]
+            for step in steps:
+                self._add(step)
             return tuple(steps)
         when = jumps[0][0] if jumps else self._change_point(plateau, size, window)
         size = self._size(when, t, window, size) or size
@@ -452,8 +448,7 @@ class LeakDetector:
             step = replace(last, size=last.size + size, found_at=t)
             self._steps[-1] = step
             return (step,)
-        self._steps.append(step)
-        del self._steps[: -self._history_limit]
+        self._add(step)
         return (step,)
 
     def _jumps(self, plateau: float, size: float, window: float, level: float) -> tuple[list[tuple[float, float]], bool]:
@@ -469,7 +464,7 @@ class LeakDetector:
         if self._steps and self._steps[-1].given_back_at is None:
             since = max(since, self._steps[-1].t + self._dt / 2)  # not the last step's own jump
         raw = [(s, v) for s, v in self._raw if s >= since]
-        tau = max(1.5 * self._k(), 6 * self._sigma)
+        tau = self._jump_threshold(self._k())
         found: list[tuple[float, float]] = []
         last = -2
         for i in range(1, len(raw)):
@@ -480,18 +475,28 @@ class LeakDetector:
             elif rise > tau:
                 found.append((raw[i][0], rise))
                 last = i
-        held, floor = [], level
-        for when, rise in found:  # a spike's jump is given back: the readings after it fall below it
-            if min(v for s, v in raw if s >= when) >= floor + 0.5 * rise:
-                held.append((when, rise))
-                floor += rise
-        found = held
+        found = self._held(found, raw, level)
         visible = tau < 0.6 * size
         total = sum(r for _, r in found)
         if not 0.6 * size <= total <= 1.5 * size:
             # spikes or sawtooth teeth among them: not these, but a jump seen is still a jump
             return [], visible and not any(r >= 0.5 * size for _, r in found)
         return [(when, rise * size / total) for when, rise in found], visible
+
+    def _jump_threshold(self, k: float) -> float:
+        """A rise between two readings that noise does not make: a step's jump."""
+        return max(1.5 * k, 6 * self._sigma)
+
+    @staticmethod
+    def _held(rises: list[tuple[float, float]], raw: list[tuple[float, float]], level: float) -> list[tuple[float, float]]:
+        """The rises the readings kept (never falling back below half of one, over the floor so far);
+        a spike's jump is given back."""
+        held, floor = [], level
+        for when, rise in rises:
+            if min(v for s, v in raw if s >= when) >= floor + 0.5 * rise:
+                held.append((when, rise))
+                floor += rise
+        return held
 
     def _size(self, when: float, t: float, window: float, floors: float) -> float | None:
         """The step's size as the readings' median after it less their median before it.
@@ -566,6 +571,10 @@ class LeakDetector:
         self._level = floor
         self._below_since = None
         self._quiet_since = t
+
+    def _add(self, step: Step) -> None:
+        self._steps.append(step)
+        del self._steps[: -self._history_limit]
 
     def _end_held(self, t: float, why: str) -> None:
         for i, step in enumerate(self._steps):
