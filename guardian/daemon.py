@@ -753,10 +753,8 @@ class Daemon:
 
     def _route(self, seen: Mapping[str, response.Evidence]) -> None:
         """The gateway sends requests only to engines that are up (or not yet known): never to a dead, hung or loading one."""
-        if self.gateway is None:
-            return
-        for name, e in seen.items():
-            self.gateway.set_available(name, e.phase in (None, "up"), e.phase or "unknown")
+        if self.gateway is not None:
+            self.gateway.follow({name: e.phase for name, e in seen.items()})
 
     def _observe_engine(self, engine: _Engine, reading: EngineReading, restarts_before: int, restarts: int) -> None:
         name = engine.section.name

@@ -78,6 +78,34 @@ class GatewaySettings:
         return max(2 * 1024 * 1024, 16 * largest)
 
 
+@dataclass(frozen=True)
+class Seat:
+    """A request admitted to an engine: send it there, then ``leave``."""
+
+    engine: str
+    lane: Lane
+    bucket: str
+
+
+@dataclass(frozen=True)
+class Turned:
+    """A request the gateway answers itself: a client error, or a refusal with Retry-After."""
+
+    status: int
+    message: str
+    kind: str
+    retry_after: int | None = None
+
+    @classmethod
+    def refused(cls, refusal: Refusal) -> Turned:
+        kind = "RateLimitError" if refusal.status == 429 else "ServiceUnavailableError"
+        return cls(refusal.status, refusal.reason, kind, refusal.retry_after)
+
+    def response(self) -> web.Response:
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        return _error(self.status, self.message, self.kind, headers)
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry, listener: ListenerMetrics | None = None) -> None:
         r = registry
@@ -210,18 +238,43 @@ class GatewayServer:
             return _error(400, "The request body is not valid JSON.", "BadRequestError")
         except RecursionError:
             return _error(400, "The request body is nested too deeply.", "BadRequestError")
-        started = time.perf_counter()
         try:
             tokens = prompt_tokens(body, s.chars_per_token, request.path == "/v1/chat/completions")
         except BadRequest as exc:
             return _error(400, str(exc), "BadRequestError")
+        placed = await self.seat(tokens, request.headers)
+        if isinstance(placed, Turned):
+            return placed.response()
+        if s.inject_priority and isinstance(body, dict):
+            body["priority"] = dict(s.priorities)[placed.lane]
+            raw = json.dumps(body).encode()
+        begun = time.perf_counter()
+        try:
+            response = await self._forward(request, placed.engine, raw)
+            self.metrics.requests.labels(placed.lane, placed.bucket, str(response.status)).inc()
+            return response
+        except asyncio.CancelledError:
+            self.metrics.requests.labels(placed.lane, placed.bucket, "client_gone").inc()
+            raise
+        finally:
+            self.metrics.upstream.observe(time.perf_counter() - begun)
+            self.leave(placed)
+
+    async def seat(self, tokens: int, headers: Mapping[str, str]) -> Seat | Turned:
+        """Where a request of about ``tokens`` prompt tokens goes, once admitted there; or the answer that turns it away.
+
+        Everything the gateway decides about a request, without its bytes:
+        ``bench/efficacy.py`` sends simulated requests through this same path.
+        """
+        s = self.settings
+        started = time.perf_counter()
         choice = choose(s.buckets, tokens)
-        lane = self._lane(request, choice.bucket)
+        lane = self._lane(headers, choice.bucket)
         self.metrics.decision.observe(time.perf_counter() - started)
         if choice.bucket is None:
             self.metrics.requests.labels(lane, "none", "too_long").inc()
             largest = s.buckets[-1].max_tokens if s.buckets else 0
-            return _error(400, f"The prompt is about {choice.tokens} tokens, longer than the largest bucket "
+            return Turned(400, f"The prompt is about {choice.tokens} tokens, longer than the largest bucket "
                                f"({largest} tokens) this gateway serves.", "BadRequestError")  # fmt: skip
         bucket = choice.bucket.name
         dedicated = lane == "high" and bool(s.high_priority_engines)
@@ -229,39 +282,34 @@ class GatewayServer:
         engine = self._pick(pool)
         if engine is None:
             self.metrics.requests.labels(lane, bucket, "refused_503").inc()
-            return _refused(Refusal(503, "no engine of this pool can take requests now ("
-                                         + ", ".join(f"{e}: {self.down.get(e, 'unknown')}" for e in self._pool(pool)) + ")",
-                                    RETRY_AFTER_NO_ENGINE_SECONDS))  # fmt: skip
+            return Turned.refused(Refusal(503, "no engine of this pool can take requests now ("
+                                               + ", ".join(f"{e}: {self.down.get(e, 'unknown')}" for e in self._pool(pool)) + ")",
+                                          RETRY_AFTER_NO_ENGINE_SECONDS))  # fmt: skip
         if self.gates[engine].refuse_long_context and choice.tokens > s.long_context_tokens:
             self.metrics.requests.labels(lane, bucket, "refused_long").inc()
-            return _refused(Refusal(503, f"long-context requests (about {choice.tokens} tokens, above "
-                                         f"{s.long_context_tokens}) are refused while {engine} is at "
-                                         f"{self.gates[engine].why()}", 60))  # fmt: skip
-        if s.inject_priority and isinstance(body, dict):
-            body["priority"] = dict(s.priorities)[lane]
-            raw = json.dumps(body).encode()
+            return Turned.refused(Refusal(503, f"long-context requests (about {choice.tokens} tokens, above "
+                                               f"{s.long_context_tokens}) are refused while {engine} is at "
+                                               f"{self.gates[engine].why()}", 60))  # fmt: skip
         admission = self.admission[engine]
         waited = time.perf_counter()
         self._gauges(engine)
         refusal = await admission.acquire(lane, s.queue_deadline_seconds)
         self.metrics.queue_wait.observe(time.perf_counter() - waited)
+        self._gauges(engine)
         if refusal is not None:
             self.metrics.requests.labels(lane, bucket, f"refused_{refusal.status}").inc()
-            self._gauges(engine)
-            return _refused(refusal)
-        self._gauges(engine)
-        begun = time.perf_counter()
-        try:
-            response = await self._forward(request, engine, raw)
-            self.metrics.requests.labels(lane, bucket, str(response.status)).inc()
-            return response
-        except asyncio.CancelledError:
-            self.metrics.requests.labels(lane, bucket, "client_gone").inc()
-            raise
-        finally:
-            self.metrics.upstream.observe(time.perf_counter() - begun)
-            admission.release()
-            self._gauges(engine)
+            return Turned.refused(refusal)
+        return Seat(engine, lane, bucket)
+
+    def leave(self, seat: Seat) -> None:
+        """The seated request is over (answered, failed or gone): its place goes to the next."""
+        self.admission[seat.engine].release()
+        self._gauges(seat.engine)
+
+    def follow(self, phases: Mapping[str, str | None]) -> None:
+        """Route only to engines that are up (or not yet known): never to a dead, hung or loading one."""
+        for name, phase in phases.items():
+            self.set_available(name, phase in (None, "up"), phase or "unknown")
 
     async def _not_routed(self, request: web.Request) -> web.Response:
         what = "one of vLLM's admin endpoints, never proxied" if routes.admin(request.path) else "not proxied"
@@ -301,11 +349,11 @@ class GatewayServer:
                 self.set_available(engine, False, "refused")  # until the next poll says otherwise
             return _error(502, f"the gateway could not reach {engine}: {type(exc).__name__}", "BadGatewayError")
 
-    def _lane(self, request: web.Request, bucket: Bucket | None) -> Lane:
-        asked = request.headers.get(self.settings.priority_header, "").strip().lower()
+    def _lane(self, headers: Mapping[str, str], bucket: Bucket | None) -> Lane:
+        asked = headers.get(self.settings.priority_header, "").strip().lower()
         if asked in ("high", "low"):
             return asked  # type: ignore[return-value]
-        auth = request.headers.get("Authorization", "")
+        auth = headers.get("Authorization", "")
         if auth.startswith("Bearer ") and auth[7:].strip() in self.settings.high_priority_keys:
             return "high"
         return "low" if bucket is not None and bucket.preemptible else "high"
@@ -343,7 +391,3 @@ def _too_large(limit: int) -> web.Response:
     resp.force_close()  # the rest of the body is never read: the connection ends with the answer
     return resp
 
-
-def _refused(refusal: Refusal) -> web.Response:
-    kind = "RateLimitError" if refusal.status == 429 else "ServiceUnavailableError"
-    return _error(refusal.status, refusal.reason, kind, {"Retry-After": str(refusal.retry_after)})

@@ -48,6 +48,7 @@ class EngineParams:
     spec_overhead: float = 0.2  # step time grows by this fraction with speculation on
     stop_probability: float = 0.004  # per generated token: the model emits EOS
     prefix_cache_hit_ratio: float = 0.2  # share of prompt tokens found in the prefix cache when warm
+    prefix_cache_warmup_seconds: float = 60.0  # a cache emptied (a reset, a new engine) fills again over this long
 
     def cache_config(self) -> dict[str, str]:
         """The labels vLLM 0.33 puts on ``vllm:cache_config_info`` (strings; "None" when unset), all of them."""
@@ -113,7 +114,7 @@ class EngineModel:
         self.running: list[SimRequest] = []
         self.paused: Literal["abort", "wait", "keep"] | None = None
         self.sleep_level = 0
-        self.prefix_cache_warm = True
+        self.prefix_cold_until = 0.0  # a new engine's cache is empty: see prefix_hit_ratio; start() makes it so
         self.busy_seconds = 0.0  # time spent in steps: the simulated GPU's utilisation
         self.metrics = VllmMetrics(p.model_name, p.cache_config(), spec_positions=p.spec_tokens)
         self.metrics.kv_usage.set(0)
@@ -166,6 +167,12 @@ class EngineModel:
             self.clock += self.step(self.clock)
         self._publish()
 
+    def step_once(self) -> float:
+        """One step from the engine's own clock, published; returns when it ends (a host driving it in loop time)."""
+        self.clock += self.step(self.clock)
+        self._publish()
+        return self.clock
+
     def step(self, now: float) -> float:
         """One scheduler iteration starting at ``now``; returns its duration."""
         p = self.params
@@ -215,16 +222,20 @@ class EngineModel:
         for req in order:
             if budget <= 0 or len(self.running) >= p.max_num_seqs:
                 break
-            chunk = min(req.prefill_target - req.kv_tokens, budget)
-            need = math.ceil((req.kv_tokens + chunk) / p.block_size)
+            first = req.scheduled_at is None
+            # prefix-cache hits are prefilled already: their blocks are held (shared in vLLM), their tokens not computed
+            cached = min(int(req.prompt_tokens * self.prefix_hit_ratio(now)), req.prefill_target - 1) if first else 0
+            start = max(req.kv_tokens, cached)
+            chunk = min(req.prefill_target - start, budget)
+            need = math.ceil((start + chunk) / p.block_size)
             if need > self.free_blocks:
                 break  # wait for capacity; vLLM does not skip ahead in FCFS
             self.waiting.remove(req)
             self.running.append(req)
-            if req.scheduled_at is None:
+            req.kv_tokens = start
+            if first:
                 req.scheduled_at = now
                 self.metrics.queue_time.observe(now - req.arrival)
-                cached = int(req.prompt_tokens * p.prefix_cache_hit_ratio) if self.prefix_cache_warm else 0
                 self.metrics.prefix_queries.inc(req.prompt_tokens)
                 self.metrics.prefix_hits.inc(cached)
                 self.metrics.prompt_tokens.inc(req.prompt_tokens)
@@ -329,8 +340,20 @@ class EngineModel:
     def resume(self) -> None:
         self.paused = None
 
+    def prefix_hit_ratio(self, now: float) -> float:
+        """The share of a prompt found in the prefix cache: the configured ratio once warm, rising from zero after a reset."""
+        p = self.params
+        if now >= self.prefix_cold_until or p.prefix_cache_warmup_seconds <= 0:
+            return p.prefix_cache_hit_ratio
+        return p.prefix_cache_hit_ratio * max(0.0, 1 - (self.prefix_cold_until - now) / p.prefix_cache_warmup_seconds)
+
+    def start_cold(self, now: float) -> None:
+        """A freshly loaded engine: its prefix cache is empty and fills over ``prefix_cache_warmup_seconds``."""
+        self.clock = now
+        self.prefix_cold_until = now + self.params.prefix_cache_warmup_seconds
+
     def reset_prefix_cache(self) -> bool:
-        self.prefix_cache_warm = False
+        self.prefix_cold_until = self.clock + self.params.prefix_cache_warmup_seconds
         return True
 
     def sleep(self, level: int) -> None:
@@ -341,7 +364,6 @@ class EngineModel:
 
     def wake_up(self) -> None:
         self.sleep_level = 0
-        self.prefix_cache_warm = True
         self.metrics.set_sleep_level(0)
 
     # -- what the outside sees ---------------------------------------------------

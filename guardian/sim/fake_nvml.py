@@ -24,6 +24,7 @@ import pynvml
 from guardian.sim.engine import EngineModel
 
 GiB = 2**30
+WEIGHTS_SHARE_OF_BUDGET = 0.25  # a loading engine holds its weights (about a quarter of its budget), not yet its KV pool
 H100_TOTAL = 85_520_809_984  # what NVML reports for an H100 80GB HBM3 (81559 MiB)
 
 
@@ -44,7 +45,9 @@ class SimGpu:
     engine: EngineModel | None = None
     pid: int | None = None  # the engine process holding memory on this GPU
     context_bytes: int = 512 * 2**20  # CUDA context outside vLLM's budget
-    overhang_bytes: int = 0  # leaked or spiked memory on top of the budget
+    overhang_bytes: int = 0  # leaked or spiked memory on top of the budget, in the engine's process
+    loading: bool = False  # the engine's process is loading the model: its context and weights, no KV pool yet
+    foreign: dict[int, int] = field(default_factory=dict)  # other processes on this GPU: pid -> bytes
     idle_watts: float = 70.0
     max_watts: float = 700.0
     lost: bool = False
@@ -60,7 +63,9 @@ class SimGpu:
         if self.engine is None:
             return 0
         budget = int(self.engine.params.gpu_memory_utilization * self.total_bytes) - self.context_bytes
-        if self.engine.sleep_level == 1:
+        if self.loading:
+            budget = int(budget * WEIGHTS_SHARE_OF_BUDGET)
+        elif self.engine.sleep_level == 1:
             budget = int(budget * 0.15)  # weights offloaded, KV cache dropped
         elif self.engine.sleep_level == 2:
             budget = 0
@@ -71,8 +76,13 @@ class SimGpu:
         return int(self.total_bytes * 0.006)
 
     @property
+    def demand_bytes(self) -> int:
+        """What the processes on this GPU hold or ask for, the driver's reservation included; above the total is an OOM."""
+        return self.reserved_bytes + self.process_bytes + sum(self.foreign.values()) + sum(s.used_bytes for s in self.mig)
+
+    @property
     def used_bytes(self) -> int:
-        return min(self.total_bytes - self.reserved_bytes, self.process_bytes + sum(s.used_bytes for s in self.mig))
+        return min(self.total_bytes, self.demand_bytes) - self.reserved_bytes
 
     def tick(self, now: float) -> None:
         """Advance utilisation and energy to ``now`` from the engine's busy time.
@@ -223,9 +233,10 @@ class FakeNvml:
             pids = handle.mig.pids
             return [SimpleNamespace(pid=p, usedGpuMemory=b, gpuInstanceId=0, computeInstanceId=0) for p, b in pids.items()]
         gpu = handle.gpu
-        if gpu.engine is None or gpu.pid is None:
-            return []
-        return [SimpleNamespace(pid=gpu.pid, usedGpuMemory=gpu.process_bytes, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)]
+        held = dict(gpu.foreign)
+        if gpu.engine is not None and gpu.pid is not None:
+            held[gpu.pid] = gpu.process_bytes
+        return [SimpleNamespace(pid=pid, usedGpuMemory=b, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF) for pid, b in held.items()]
 
     def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
         self._enter("nvmlDeviceGetMigMode", handle)
