@@ -535,6 +535,7 @@ class GatewaySection(_Model):
     concurrency: int = Field(64, ge=1, le=100_000)  # requests in flight per engine (the effective batch)
     queue_size: int = Field(256, ge=0, le=1_000_000)  # waiting per engine; past it 429
     queue_deadline_seconds: float = Field(30.0, gt=0, le=3600)  # waiting longer: 429 with Retry-After
+    restart_hold_seconds: float = Field(300.0, ge=0, le=3600)  # requests wait out a restart expected to end within this; else 503
     priority_header: str = "x-guardian-priority"  # high or low
     high_priority_keys_file: Path | None = None  # API keys (one a line) whose requests are high priority
     inject_priority: bool = False  # set vLLM's "priority" field (needs --scheduling-policy priority)

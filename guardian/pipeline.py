@@ -16,7 +16,7 @@ from guardian.actions.engine_args import overlay
 from guardian.analysis.cost import Cost, CostWindow, Marginal, MarginalWatch
 from guardian.analysis.engine_stats import EngineSignals, EngineTracker
 from guardian.analysis.memory import MemoryReport, MemoryWatch
-from guardian.policy import response, tuner
+from guardian.policy import concurrency, response, tuner
 from guardian.policy.breaker import Evidence, Level, Transition
 from guardian.policy.evidence import EvidenceMemory, evidence
 from guardian.policy.lifecycle import LifecycleParams
@@ -95,6 +95,7 @@ class Pipeline:
         self.tuner_holds: dict[str, str | None] = {}  # why the tuner did not move, when it wanted to
         self.costs: dict[str, CostWindow] = {}
         self.marginals: dict[str, MarginalWatch] = {}
+        self.caps: dict[str, concurrency.CapState] = {}  # the gateway's cap per engine, where the tuner does not set it
         self.config = config
         self._past = EvidenceMemory()
         self._memory = MemoryWatch(config.leak, config.fragmentation.kv_pool_share, host_memory_bytes)
@@ -140,9 +141,27 @@ class Pipeline:
             actions += out.actions
             if self.config.tuned(name):
                 actions += self._tune(name, sample, sig, e, memory)
+            else:
+                actions += self._cap(name, sample, sig)
         costs = {name: self._cost(name, sample, sig, memory) for name, sig in signals.items()}
         decision = Decision(sample.t, sample.wall, tuple(transitions), tuple(actions), finished)
         return PollResult(signals, memory, seen, decision, costs)
+
+    def _cap(self, name: str, sample: Sample, sig: EngineSignals) -> list[Action]:
+        """The gateway's cap follows what the engine's KV pool holds (``policy/concurrency.py``)."""
+        gw, load = self.config.gateway, sample.gateway_load(name)
+        if gw is None or load is None:
+            return []
+        bp = self.config.breaker
+        params = concurrency.CapParams(gw.concurrency, full_kv_usage_ratio=bp.l2_enter_kv_usage_ratio,
+                                       calm_preemptions_per_second=bp.l3_calm_preemptions_per_second)  # fmt: skip
+        was = self.caps.get(name) or concurrency.CapState(load.cap)
+        pressure = concurrency.Pressure(sig.running, sig.waiting, sig.kv_cache_usage, sig.preemptions_per_second, load.in_flight)
+        now, why = concurrency.step(was, pressure, sample.t, params)
+        self.caps[name] = now
+        if why is None:
+            return []
+        return [Action("tune", name, int(self.states[name].breaker.level), why, {"batch": now.cap, "was": was.cap})]
 
     def _cost(self, name: str, sample: Sample, sig: EngineSignals, memory: MemoryReport) -> Cost:
         """GPU memory per token and tokens per joule over the last minutes; a larger batch judged once it settled."""

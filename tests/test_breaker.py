@@ -39,7 +39,7 @@ def ev(**changes: object) -> Evidence:
         ("free below reserve", ev(free_ratio=0.05), P.l3_sustain_seconds, Level.L3, "free_reserve"),
         ("dead engine", ev(phase="dead"), P.l3_sustain_seconds, Level.L3, "engine_dead"),
         ("hung engine", ev(phase="unresponsive"), P.l3_sustain_seconds, Level.L3, "engine_unresponsive"),
-        ("preemption storm", ev(preemptions_per_second=5.0), P.l3_sustain_seconds, Level.L3, "preemption_storm"),
+        ("preemption storm", ev(preemptions_per_second=5.0), P.l2_sustain_seconds, Level.L2, "preemption_storm"),
     ],
 )
 def test_each_rule_enters_its_level_only_after_its_sustain(name, evidence, sustain, level, rule) -> None:  # type: ignore[no-untyped-def]
@@ -217,3 +217,47 @@ def test_over_budget_is_the_engines_memory_above_vllms_budget() -> None:
     e = evidence("e", *_poll(True), EvidenceMemory(), 0.10)
     assert e.over_budget_ratio == pytest.approx((74 - 0.92 * 80) / 80)
     assert e.free_ratio == pytest.approx(0.1)
+
+
+def test_a_preemption_storm_is_l2_during_a_burst_and_l3_only_when_it_lasts() -> None:
+    storm = ev(preemptions_per_second=5.0)
+    state, transitions = run([(P.l3_storm_sustain_seconds, storm)])
+    assert state.level == Level.L2 and [t.rule for t in transitions] == ["preemption_storm"]
+    assert state.shut == Level.L2  # the low lane waits: fewer sequences compete for the KV blocks
+    state, transitions = run([(P.l3_storm_sustain_seconds + 2, storm)])
+    assert state.level == Level.L3 and [t.rule for t in transitions] == ["preemption_storm", "preemption_storm_lasting"]
+
+
+def test_memory_rules_raise_the_level_but_shut_no_gates_and_going_down_never_shuts_more() -> None:
+    leak = ev(over_budget_ratio=0.05)
+    low = ev(over_budget_ratio=0.05, free_ratio=0.05)
+    kv = ev(over_budget_ratio=0.05, free_ratio=0.05, kv_usage=0.95, preemptions_per_second=1.0)
+    steps = [(P.l2_sustain_seconds + 1, leak)]
+    state, _ = run(steps)
+    assert state.level == Level.L2 and state.shut == Level.L0  # a leak outside the pool: refusing requests frees nothing
+    steps.append((P.l3_sustain_seconds + 1, low))
+    state, _ = run(steps)
+    assert state.level == Level.L3 and state.shut == Level.L0
+    steps.append((P.l2_sustain_seconds + 1, kv))
+    state, _ = run(steps)
+    assert state.level == Level.L3 and state.shut == Level.L2  # KV pressure under it shuts the low lane now
+    steps.append((P.l3_exit_hold_seconds + 1, CALM))
+    state, transitions = run(steps)
+    assert [t.target for t in transitions][-1] == Level.L2 and state.shut == Level.L0  # calm opened them long before
+
+
+def test_the_gates_open_once_the_request_path_is_calm_though_the_level_comes_down_slowly() -> None:
+    steps = [(P.l2_sustain_seconds + 1, ev(kv_usage=0.95, preemptions_per_second=1.0))]
+    state, _ = run(steps)
+    assert state.level == Level.L2 and state.shut == Level.L2
+    steps.append((P.gates_open_hold_seconds - 1, CALM))
+    state, _ = run(steps)
+    assert state.shut == Level.L2  # a dip is not calm
+    steps.append((2, CALM))
+    state, transitions = run(steps)
+    assert state.shut == Level.L0 and state.level == Level.L2 and len(transitions) == 1  # the level waits its exit hold
+
+
+def test_a_full_kv_pool_that_preempts_nothing_is_l2_for_the_record_but_refuses_nobody() -> None:
+    state, transitions = run([(P.l2_sustain_seconds + 1, ev(kv_usage=0.97))])
+    assert [t.rule for t in transitions] == ["kv_usage"] and state.shut == Level.L0

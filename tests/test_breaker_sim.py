@@ -93,14 +93,15 @@ async def test_a_staircase_leak_walks_the_breaker_up_and_a_drained_restart_bring
     assert _actions(decisions) == [
         "gates", "reset_prefix_cache", "notify:warning",  # L1
         "gates", "notify:warning",  # L2
-        "gates", "notify:page", "restart",  # L3
+        "gates", "notify:warning", "restart",  # L3: vLLM's own memory, which the restart frees: a warning, not a page
         "gates", "gates", "gates", "notify:info",  # back down, one level at a time
     ]  # fmt: skip
-    # the restart: once, with less memory, drained: the load goes through guardian's gateway, which held
-    # new requests while the engine drained and restarted, so none failed, was cut, or even had to be retried
+    # the restart: once, at the same utilisation (the leak is the engine's own: it dies with the process), drained:
+    # the load goes through guardian's gateway, which held new requests while the engine drained and restarted, so
+    # none failed, was cut, or even had to be retried
     (finished,) = [d["finished"] for d in decisions if d["finished"]]
     assert finished == {"sim0": True} and cluster.servers[0].restarts == 1
-    assert launcher.started_with[0]["gpu-memory-utilization"] < 0.7
+    assert "gpu-memory-utilization" not in launcher.started_with[0]
     assert cluster.loadgens[0].failures == 0 and outcomes["200"] > 50 and outcomes["retried"] == 0, outcomes
     snap = daemon.snapshot
     assert snap is not None and snap.engines["sim0"].healthy and snap.engines["sim0"].up

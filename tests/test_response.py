@@ -188,3 +188,44 @@ def test_a_state_document_of_the_wrong_shape_is_refused(broken: dict[str, object
     doc = {**to_disk(EngineState(), 0.0), **broken} if broken else {}
     with pytest.raises((KeyError, TypeError, ValueError)):
         from_disk(doc, 0.0)
+
+
+def test_the_engine_s_own_memory_eating_the_reserve_restarts_it_at_the_same_utilisation_with_a_warning() -> None:
+    run = Run().feed(BP.l3_sustain_seconds + 1, ev(free_ratio=0.05, over_budget_ratio=0.2, foreign_ratio=0.0))
+    assert run.kinds() == ["gates", "reset_prefix_cache", "notify:warning", "restart"]
+    gates, warning, restart = run.actions[0][1], run.actions[2][1], run.actions[3][1]
+    assert gates.details["shut"] == 0  # memory outside the pool: no request is refused for it
+    assert restart.details["gpu_memory_utilization"] is None and run.state.lowered_from is None  # the leak dies with it
+    assert "vLLM's own memory" in warning.details["text"]
+
+
+def test_other_processes_memory_pages_naming_them_and_lowers_the_utilisation_by_their_share_only() -> None:
+    gib = 2**30
+    foreign = ev(free_ratio=0.05, foreign_ratio=0.15, foreign=((4242, 12 * gib), (77, 1 * gib)))
+    run = Run().feed(BP.l3_sustain_seconds + 1, foreign)
+    page, restart = run.actions[2][1], run.actions[3][1]
+    assert page.details["severity"] == "page"
+    assert "other processes hold 15.0% of the GPU (pid 4242 12.0 GiB, pid 77 1.0 GiB)" in page.details["text"]
+    assert restart.details["gpu_memory_utilization"] == 0.54  # 0.70 - 15% - one point of margin
+    assert run.state.lowered_from == 0.7
+
+
+def test_a_lowered_utilisation_is_measured_against_the_configured_headroom_and_restored_when_the_memory_goes() -> None:
+    state = EngineState(gpu_memory_utilization=0.54, lowered_from=0.7)
+    # at 0.54 with the other process still there, the GPU has its configured 30% headroom: nothing to do
+    settled = ev(gpu_memory_utilization=0.54, expected_free_ratio=0.46, free_ratio=0.31, foreign_ratio=0.15)
+    run = Run(state).feed(RP.restore_after_seconds + 10, settled)
+    assert run.restarts() == [] and run.transitions == []
+    # the other process exits: there is room for 0.7 again, and after restore_after_seconds it is restored
+    gone = ev(gpu_memory_utilization=0.54, expected_free_ratio=0.46, free_ratio=0.46, foreign_ratio=0.0)
+    run.feed(2, gone)
+    (restore,) = run.restarts()
+    assert restore.reason == "restore_utilization" and restore.details["gpu_memory_utilization"] is None
+    assert run.state.lowered_from is None
+
+
+def test_memory_past_the_budget_that_never_reaches_the_reserve_warns_and_never_restarts() -> None:
+    run = Run().feed(RP.degrade_after_seconds * 3, ev(over_budget_ratio=0.03, free_ratio=0.2, foreign_ratio=0.0))
+    assert run.transitions == [(BP.l2_sustain_seconds, Level.L0, Level.L2, "over_budget")]
+    assert run.kinds() == ["gates", "reset_prefix_cache", "notify:warning"] and run.restarts() == []
+    assert run.actions[0][1].details["shut"] == 0

@@ -128,7 +128,7 @@ class Executor:
     async def _quick(self, action: Action) -> None:
         act = self.engines[action.engine]
         if action.kind == "gates":
-            outcome = await self.gateway.set_gates(action.engine, Gates.for_level(action.level, action.reason))
+            outcome = await self.gateway.set_gates(action.engine, Gates.for_level(action.level, action.reason, action.details.get("shut")))
         elif action.kind == "tune":
             outcome = await self.gateway.set_cap(action.engine, int(action.details["batch"]))
         else:
@@ -150,8 +150,9 @@ class Executor:
                 changes=diff(self._applied.get(action.engine, act.base_args), args) or ["(none)"],
             )  # fmt: skip
             procedure = DrainedRestart(
-                action.engine, act.launcher, self.gateway, act.admin, act.healthy, act.load, self.timeouts, act.backend
-            )
+                action.engine, act.launcher, self.gateway, act.admin, act.healthy, act.load, self.timeouts, act.backend,
+                clock=self._clock,
+            )  # fmt: skip
             try:
                 outcome = await procedure.run(args)
             except asyncio.CancelledError:

@@ -25,9 +25,10 @@ class Gates:
     rule: str = ""
 
     @classmethod
-    def for_level(cls, level: int, rule: str = "") -> Gates:
-        return cls(refuse_long_context=level >= 1, pause_low_priority=level >= 2, high_priority_only=level >= 3,
-                   level=level, rule=rule)  # fmt: skip
+    def for_level(cls, level: int, rule: str = "", shut: int | None = None) -> Gates:
+        """The gates of ``shut`` (default: the level itself) shut, told as the level and rule (see ``policy/breaker.py``)."""
+        g = level if shut is None else shut
+        return cls(refuse_long_context=g >= 1, pause_low_priority=g >= 2, high_priority_only=g >= 3, level=level, rule=rule)
 
     def why(self) -> str:
         """"breaker L3 (engine_dead)": the words a refused request carries."""

@@ -11,16 +11,29 @@ The breaker's gates act here: ``pause_low`` (L2) keeps the low lane
 waiting (until the gate opens, or 429 at the deadline); ``high_only`` (L3)
 refuses the low lane at once. ``drain`` (a restart) stops dispatching and
 waits until nothing is in flight; queued requests wait for ``admit``.
+
+A restart is priced by what this engine's restarts took (drain to admit,
+the last one; a first guess before any): a request that arrives during one
+waits for it and then its usual deadline, when the restart is expected to
+end within ``restart_hold_seconds`` (the OpenAI SDKs wait 600 s for an
+answer); otherwise it is answered 503 at once, with Retry-After the time
+left, instead of 429 after waiting for nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
 Lane = Literal["high", "low"]
+FIRST_RESTART_GUESS_SECONDS = 120.0  # a restart before any was measured: a model load of a couple of minutes
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()
 
 
 @dataclass(frozen=True)
@@ -31,7 +44,7 @@ class Refusal:
 
 
 class Admission:
-    def __init__(self, cap: int, queue_size: int, low_every: int = 4) -> None:
+    def __init__(self, cap: int, queue_size: int, low_every: int = 4, restart_hold_seconds: float = 300.0) -> None:
         self.cap = cap
         self.queue_size = queue_size
         self.low_every = low_every
@@ -40,6 +53,9 @@ class Admission:
         self.high_only = False
         self.why = "breaker L0"  # the level and rule behind the gates, for the refusal's text
         self.draining = False
+        self.restart_hold_seconds = restart_hold_seconds
+        self.restart_seconds: float | None = None  # what the last restart took, drain to admit
+        self._drain_began: float | None = None
         self._queues: dict[Lane, deque[asyncio.Future[None]]] = {"high": deque(), "low": deque()}
         self._high_streak = 0
         self._idle = asyncio.Event()
@@ -56,6 +72,11 @@ class Admission:
         if self._may_dispatch(lane) and not self.queued:
             self._take(lane)
             return None
+        if self.draining and self._drain_began is not None:
+            left = max(0.0, self._drain_began + (self.restart_seconds or FIRST_RESTART_GUESS_SECONDS) - _now())
+            if left > self.restart_hold_seconds:
+                return Refusal(503, f"the engine is restarting, about {left:.0f}s left", max(1, math.ceil(left)))
+            deadline_seconds += left  # wait the restart out, then as long as anyone waits
         if self.queued >= self.queue_size:
             return Refusal(429, f"the queue in front of the engine is full ({self.queue_size} waiting)", 1)
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -98,6 +119,7 @@ class Admission:
     async def drain(self, timeout: float) -> int:
         """Stop dispatching; wait until nothing is in flight. Returns what is still in flight at the timeout."""
         self.draining = True
+        self._drain_began = _now()
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except asyncio.TimeoutError:
@@ -105,7 +127,10 @@ class Admission:
         return self.in_flight
 
     def admit(self) -> None:
+        if self.draining and self._drain_began is not None:
+            self.restart_seconds = _now() - self._drain_began
         self.draining = False
+        self._drain_began = None
         self.dispatch()
 
     def _may_dispatch(self, lane: Lane) -> bool:

@@ -59,6 +59,7 @@ class GatewaySettings:
     concurrency: int = 64  # per engine: the effective batch
     queue_size: int = 256  # per engine
     queue_deadline_seconds: float = 30.0
+    restart_hold_seconds: float = 300.0
     priority_header: str = "x-guardian-priority"
     high_priority_keys: frozenset[str] = frozenset()
     inject_priority: bool = False  # only when vLLM runs with --scheduling-policy priority
@@ -131,7 +132,8 @@ class GatewayServer:
         self.upstreams = {name: url.rstrip("/") for name, url in upstreams.items()}
         self.metrics = metrics
         self.api_keys = dict(api_keys or {})  # engine -> key to send upstream (replaces the client's)
-        self.admission = {name: Admission(settings.concurrency, settings.queue_size) for name in self.upstreams}
+        self.admission = {name: Admission(settings.concurrency, settings.queue_size, restart_hold_seconds=settings.restart_hold_seconds)
+                          for name in self.upstreams}  # fmt: skip
         self.gates = {name: Gates() for name in self.upstreams}
         self.down: dict[str, str] = {}  # engines not to route to, and why (dead, starting, unresponsive, refused)
         self._session: aiohttp.ClientSession | None = None

@@ -10,8 +10,25 @@ a time the evidence must be sustained before it counts:
 | level | enters when | stays while |
 | --- | --- | --- |
 | L1 | fragmentation_ratio > l1_enter | fragmentation_ratio >= l1_exit |
-| L2 | kv_usage > l2_enter, or the engine's memory past its budget + margin | kv_usage >= l2_exit, or still past the budget |
-| L3 | NVML free < the reserve, engine dead or unresponsive, OOM, preemption storm | free < the exit share, not up, storm above the calm rate |
+| L2 | kv_usage > l2_enter, the engine's memory past its budget + margin, or a preemption storm | kv_usage >= l2_exit, still past the budget, or the storm above the calm rate |
+| L3 | NVML free < the reserve, engine dead or unresponsive, OOM, a preemption storm lasting ``l3_storm_sustain_seconds`` | free < the exit share, not up, storm above the calm rate |
+
+A preemption storm is first L2 (the low lane waits, which is what relieves
+it: fewer sequences compete for KV blocks); a burst the gateway absorbs
+ends there. Only a storm that outlasts ``l3_storm_sustain_seconds`` is L3,
+and pages.
+
+Gates (``shut``): a level shuts the gateway's gates of the level its
+request-path rules reached (fragmentation, a storm, a dead engine, KV
+usage while the engine preempts: a full pool that preempts nothing is vLLM
+doing its job, and the gateway's cap keeps it so, see
+``policy/concurrency.py``). The memory rules (memory past the budget, the free reserve, an
+OOM) leave the gates as they were: memory outside vLLM's pool does not
+shrink when requests wait, so refusing them would only turn a leak into
+refused requests; a restart is the remedy there. Going down, the gates
+open again once the request-path evidence has been below its stay
+thresholds for ``gates_open_hold_seconds``, however slowly the level
+itself comes down; force shuts the forced level's gates.
 
 The reserve is ``l3_free_reserve_ratio`` of the GPU, but never more than half
 of what the engine's own configuration leaves free (``expected_free_ratio``:
@@ -67,6 +84,8 @@ class BreakerParams:
     l3_exit_free_ratio: float = 0.15
     l3_storm_preemptions_per_second: float = 2.0
     l3_calm_preemptions_per_second: float = 0.5
+    l3_storm_sustain_seconds: float = 300.0  # a preemption storm this long is L3 (a page), not a burst
+    gates_open_hold_seconds: float = 30.0  # the request path calm this long opens the gates, whatever the level
     l3_dead_after_polls: int = 3  # answers failing this many polls in a row (process alive: a hang; unknown: dead)
     l1_sustain_seconds: float = 10.0
     l2_sustain_seconds: float = 30.0
@@ -97,6 +116,8 @@ class Evidence:
     oom: bool | None = None  # the engine died with its GPU memory exhausted
     preemptions_per_second: float | None = None
     telemetry_lost: bool = False
+    foreign_ratio: float | None = None  # memory of other processes on the engine's GPUs / their capacity
+    foreign: tuple[tuple[int, int], ...] = ()  # those processes: (pid, bytes), largest first
 
 
 @dataclass(frozen=True)
@@ -117,6 +138,12 @@ class BreakerState:
     clear_since: float | None = None  # since when the current level's stay conditions are all clear
     forced: bool = False
     forced_by: str | None = None  # who pinned the level: an operator, or the restart budget
+    shut: Level = Level.L0  # the level whose gates are shut (see the module doc: memory rules shut none)
+    open_since: float | None = None  # since when the request path has been calmer than the shut gates
+
+
+# memory outside vLLM's pool: requests waiting at the gateway do not relieve it, so these rules shut no gates
+MEMORY_RULES = frozenset({"over_budget", "free_reserve", "oom"})
 
 
 def reserve(e: Evidence, p: BreakerParams) -> tuple[float, float]:
@@ -147,8 +174,17 @@ def _enter_rules(e: Evidence, p: BreakerParams) -> dict[str, tuple[Level, bool |
         "engine_dead": (Level.L3, None if down is None else down == "dead"),
         "engine_unresponsive": (Level.L3, None if down is None else down == "unresponsive"),
         "oom": (Level.L3, e.oom),
-        "preemption_storm": (Level.L3, above(e.preemptions_per_second, p.l3_storm_preemptions_per_second)),
+        "preemption_storm": (Level.L2, above(e.preemptions_per_second, p.l3_storm_preemptions_per_second)),
+        "preemption_storm_lasting": (Level.L3, above(e.preemptions_per_second, p.l3_storm_preemptions_per_second)),
     }
+
+
+def _sustain(rule: str, level: Level, p: BreakerParams) -> float:
+    if rule == "oom":
+        return 0.0  # hard evidence
+    if rule == "preemption_storm_lasting":
+        return p.l3_storm_sustain_seconds
+    return p.sustain(level)
 
 
 def _stays(level: Level, e: Evidence, p: BreakerParams) -> tuple[bool | None, list[str]]:
@@ -159,6 +195,7 @@ def _stays(level: Level, e: Evidence, p: BreakerParams) -> tuple[bool | None, li
         checks = {
             "kv_usage": None if e.kv_usage is None else e.kv_usage >= p.l2_exit_kv_usage_ratio,
             "over_budget_ratio": None if e.over_budget_ratio is None else e.over_budget_ratio > p.l2_budget_margin_ratio,
+            "preemptions_per_second": None if e.preemptions_per_second is None else e.preemptions_per_second > p.l3_calm_preemptions_per_second,
         }
     elif level == Level.L3:
         checks = {
@@ -187,7 +224,7 @@ def _engine_checks(e: Evidence, p: BreakerParams) -> list[bool | None]:
     ]
 
 
-def _numbers(e: Evidence) -> dict[str, float | int | None]:
+def evidence_numbers(e: Evidence) -> dict[str, float | int | None]:
     return {
         "fragmentation_ratio": e.fragmentation_ratio,
         "kv_usage": e.kv_usage,
@@ -206,15 +243,16 @@ def step(state: BreakerState, e: Evidence, t: float, p: BreakerParams) -> tuple[
         return replace(state, pending={}, clear_since=None), None  # pinned, or blind: hold the level
     rules = _enter_rules(e, p)
     pending = {name: state.pending.get(name, t) for name, (_, holds) in rules.items() if holds}
-    sustained = [
-        (level, name)
-        for name, (level, _) in rules.items()
-        if name in pending and (name == "oom" or t - pending[name] >= p.sustain(level))
-    ]
-    target, rule = max(sustained, default=(Level.L0, ""))
+    sustained = [(level, name) for name, (level, _) in rules.items() if name in pending and t - pending[name] >= _sustain(name, level, p)]
+    target, rule = max(sustained, default=(Level.L0, ""), key=lambda lr: (lr[0], lr[1] not in MEMORY_RULES, lr[1]))
+    preempting = e.preemptions_per_second is not None and e.preemptions_per_second > p.l3_calm_preemptions_per_second
+    lanes = [level for level, name in sustained
+             if name not in MEMORY_RULES and (name != "kv_usage" or preempting) and level <= max(target, state.level)]  # fmt: skip
+    shut, open_since = _gates(state, Level(max([state.shut, *lanes])), e, t, p)
     if target > state.level:
-        transition = Transition(t, state.level, target, rule, _numbers(e))
-        return BreakerState(level=target, since=t, pending=pending), transition
+        transition = Transition(t, state.level, target, rule, evidence_numbers(e))
+        return BreakerState(level=target, since=t, pending=pending, shut=shut, open_since=open_since), transition
+    state = replace(state, shut=shut, open_since=open_since)
     stays, unknown = _stays(state.level, e, p)
     if state.level == Level.L0 or stays is not False:
         return replace(state, pending=pending, clear_since=None), None
@@ -222,15 +260,43 @@ def step(state: BreakerState, e: Evidence, t: float, p: BreakerParams) -> tuple[
     if t - clear_since >= p.exit_hold(state.level) and t - since >= p.exit_hold(state.level):
         lower = Level(state.level - 1)
         rule = f"recovered ({', '.join(unknown)} unknown)" if unknown else "recovered"
-        transition = Transition(t, state.level, lower, rule, _numbers(e))
-        return BreakerState(level=lower, since=t, pending=pending), transition
+        transition = Transition(t, state.level, lower, rule, evidence_numbers(e))
+        return BreakerState(level=lower, since=t, pending=pending, shut=min(state.shut, lower)), transition
     return replace(state, pending=pending, clear_since=clear_since), None
+
+
+def _gates(state: BreakerState, shut: Level, e: Evidence, t: float, p: BreakerParams) -> tuple[Level, float | None]:
+    """The gates to keep shut, and since when the request path has been calm enough to open them further.
+
+    Gates follow the request-path evidence, not the level: the level leaves
+    slowly (its exit holds are for people reading alerts), while a gate
+    left shut on an engine that has gone idle only refuses requests. They
+    open to what still holds once it has held for ``gates_open_hold_seconds``.
+    """
+    holding = _request_path_holding(e, p, shut)
+    if holding >= shut:
+        return shut, None
+    open_since = state.open_since if state.open_since is not None else t
+    if t - open_since >= p.gates_open_hold_seconds:
+        return holding, None
+    return shut, open_since
+
+
+def _request_path_holding(e: Evidence, p: BreakerParams, shut: Level) -> Level:
+    """The highest gate level whose evidence is still above its stay threshold (unknown evidence holds nothing)."""
+    if e.phase in ("dead", "unresponsive"):
+        return Level.L3
+    if e.preemptions_per_second is not None and e.preemptions_per_second > p.l3_calm_preemptions_per_second:
+        return shut if shut == Level.L3 else Level.L2  # a lasting storm keeps what it shut
+    if e.fragmentation_ratio is not None and e.fragmentation_ratio >= p.l1_exit_fragmentation_ratio:
+        return Level.L1
+    return Level.L0
 
 
 def force(state: BreakerState, level: Level, t: float, who: str) -> tuple[BreakerState, Transition]:
     """Pin ``level`` until ``clear``: an operator's decision wins over the rules."""
     transition = Transition(t, state.level, level, f"forced by {who}", {}, forced=True)
-    return BreakerState(level=level, since=t, forced=True, forced_by=who), transition
+    return BreakerState(level=level, since=t, forced=True, forced_by=who, shut=level), transition
 
 
 def clear(state: BreakerState, t: float, who: str) -> tuple[BreakerState, Transition]:

@@ -39,7 +39,11 @@ def evidence(
     free = None
     expected_free = None
     over_budget = None
+    foreign: dict[int, int] = {}
+    foreign_ratio = None
     if place is not None:
+        foreign, known = _foreign(sample, reading, place.gpus)
+        foreign_ratio = sum(foreign.values()) / place.capacity_bytes if known else None
         totals = [(g, g.memory_total_bytes) for g in sample.nvml.gpus if g.index in place.gpus and g.memory_total_bytes]
         ratios = [g.memory_free_bytes / total for g, total in totals if g.memory_free_bytes is not None]
         free = min(ratios) if len(ratios) == len(place.gpus) else None
@@ -69,7 +73,26 @@ def evidence(
         oom=oom,
         preemptions_per_second=sig.preemptions_per_second,
         telemetry_lost=sig.telemetry_lost,
+        foreign_ratio=foreign_ratio,
+        foreign=tuple(sorted(foreign.items(), key=lambda pb: -pb[1])),
     )
+
+
+def _foreign(sample: Sample, reading: EngineReading, gpus: tuple[int, ...]) -> tuple[dict[int, int], bool]:
+    """GPU memory of processes that are not the engine's on its GPUs (pid -> bytes), and whether every GPU listed them."""
+    own = {p.pid for p in reading.processes or () if p.alive}
+    held: dict[int, int] = {}
+    known = True
+    for gpu in sample.nvml.gpus:
+        if gpu.index not in gpus:
+            continue
+        if gpu.processes is None:
+            known = False
+            continue
+        for proc in gpu.processes:
+            if proc.pid not in own and proc.used_bytes:
+                held[proc.pid] = held.get(proc.pid, 0) + proc.used_bytes
+    return held, known and reading.processes is not None
 
 
 def observation(reading: EngineReading, wall: float) -> lifecycle.Observation:

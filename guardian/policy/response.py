@@ -13,9 +13,12 @@ Its outputs are ``Action`` values; carrying them out is the executor's job.
 | leaving L0 upwards | free cached KV blocks (vLLM's /reset_prefix_cache) |
 | entering L1 or L2 | warn |
 | entering L3 | page |
-| L3 by OOM or the free reserve | drained restart with a lower ``--gpu-memory-utilization`` so the reserve stays free |
+| L3 by the free reserve, the engine's own memory | drained restart at the same ``--gpu-memory-utilization`` (the leak dies with its process); a warning, not a page |
+| L3 by the free reserve or an OOM, other processes' memory | page naming them; drained restart with ``--gpu-memory-utilization`` lowered by their share, restored when they are gone |
+| L3 by an OOM of unknown cause | drained restart with a lower ``--gpu-memory-utilization`` |
 | L3 with the engine dead or unresponsive | restart it (again after each failed try: a crash loop) |
-| L2's evidence held for ``degrade_after_seconds`` | drained restart with the degraded profile |
+| L2's KV pressure held for ``degrade_after_seconds`` | drained restart with the degraded profile |
+| L0 for ``restore_after_seconds`` with the utilisation lowered, and room for the old one | drained restart at the old utilisation |
 | L0 for ``restore_after_seconds`` while degraded | drained restart with the normal profile |
 | back to L0 | resolved message |
 
@@ -37,7 +40,9 @@ from guardian.policy import breaker
 from guardian.policy.breaker import BreakerParams, BreakerState, Evidence, Level, Transition
 from guardian.policy.lifecycle import DOWN
 
-PRESSURE_RULES = ("kv_usage", "over_budget")  # L2's rules: what the degraded profile answers
+PRESSURE_RULES = ("kv_usage",)  # what the degraded profile answers (memory outside the pool is a restart's, a storm a burst's)
+FOREIGN_NOISE_RATIO = 0.005  # other processes' memory below this share of the GPU is not worth a restart (an agent's context)
+UTILIZATION_MARGIN = 0.01  # lowered a point more than other processes hold, so the next poll's rounding does not re-enter L3
 ActionKind = Literal["gates", "reset_prefix_cache", "notify", "restart", "tune"]
 Severity = Literal["info", "warning", "page"]
 
@@ -59,6 +64,7 @@ class EngineState:
     restarting: float | None = None  # a restart began then; its outcome is not in yet
     degraded: bool = False  # the degraded profile is (to be) applied
     gpu_memory_utilization: float | None = None  # lowered to keep the reserve; None: the engine's own value
+    lowered_from: float | None = None  # the utilisation before guardian lowered it: restored when there is room again
     tuned: Mapping[str, Any] = field(default_factory=dict)  # the tuner's engine arguments (--max-num-seqs, --speculative-config)
 
 
@@ -111,20 +117,30 @@ def respond(
         if not restart_finished:
             actions.append(_notify(name, state.breaker.level, "page", "restart_failed", "the restart did not bring the engine back"))
     state = replace(state, restarts=tuple(r for r in state.restarts if t - r < rp.restart_budget_window_seconds))
+    e = configured_headroom(state, e)
     seen = e if state.restarting is None else replace(e, telemetry_lost=True, phase="starting")  # paused, then down: on purpose
+    shut = state.breaker.shut
     b, transition = breaker.step(state.breaker, seen, t, bp)
     state = replace(state, breaker=b)
     if transition is not None:
         transitions.append(transition)
-        actions += on_transition(name, transition)
+        actions += on_transition(name, transition, b.shut)
+    elif b.shut != shut:
+        actions.append(_gates(name, b.level, "request path", b.shut))
     want = _wanted_restart(state, e, transition, t, bp, rp)
     if want is not None and not b.forced and state.restarting is None:
         if len(state.restarts) < rp.restart_budget:
             why, degraded, util = want
-            state = replace(state, restarts=state.restarts + (t,), restarting=t, degraded=degraded, gpu_memory_utilization=util)
+            current = state.gpu_memory_utilization or e.gpu_memory_utilization
+            lowered_from = None if util is None else state.lowered_from or (current if current is not None and util < current else None)
+            state = replace(state, restarts=state.restarts + (t,), restarting=t, degraded=degraded, gpu_memory_utilization=util,
+                            lowered_from=lowered_from)  # fmt: skip
             restart = Action("restart", name, int(b.level), why, restart_details(state, e))
             taken = f"; action: {restart_text(restart)}"
-            actions = [_with_text(a, taken) if a.details.get("severity") == "page" else a for a in actions]
+            actions = [_memory_page(_with_text(a, taken), e) if a.details.get("severity") == "page" else a for a in actions]
+            if transition is None and why == "free_reserve":  # the memory came back after a restart: say it again
+                again = _notify(name, b.level, "page", why, *numbers_text(why, breaker.evidence_numbers(e)))
+                actions.append(_memory_page(_with_text(again, taken), e))
             actions.append(restart)
         else:
             b, pinned = breaker.force(b, Level.L3, t, "restart budget")
@@ -149,11 +165,11 @@ def command(state: EngineState, cmd: Command, t: float) -> Response:
     else:
         b, transition = breaker.clear(state.breaker, t, cmd.who)
     state = replace(state, breaker=b)
-    return Response(state, (transition,), tuple(on_transition(cmd.engine, transition)))
+    return Response(state, (transition,), tuple(on_transition(cmd.engine, transition, b.shut)))
 
 
-def on_transition(name: str, tr: Transition) -> list[Action]:
-    actions = [_gates(name, tr.target, tr.rule)]
+def on_transition(name: str, tr: Transition, shut: Level | None = None) -> list[Action]:
+    actions = [_gates(name, tr.target, tr.rule, shut)]
     if tr.target > tr.source:
         if tr.source == Level.L0:
             actions.append(Action("reset_prefix_cache", name, int(tr.target), tr.rule))
@@ -172,16 +188,75 @@ def _wanted_restart(
     """(why, degraded, gpu_memory_utilization) of the restart the situation calls for, if any."""
     b = s.breaker
     if b.level == Level.L3:
-        if tr is not None and tr.target == Level.L3 and tr.rule in ("oom", "free_reserve"):
-            return tr.rule, s.degraded, lowered_utilization(s, e, bp, rp)
+        if tr is not None and tr.target == Level.L3 and tr.rule == "oom":
+            return tr.rule, s.degraded, memory_utilization(s, e, tr.rule, bp, rp)
+        reserve = b.pending.get("free_reserve")  # at L3's entry, or later (a leak back after a restart, L3 never left)
+        if reserve is not None and t - reserve >= bp.l3_sustain_seconds:
+            return "free_reserve", s.degraded, memory_utilization(s, e, "free_reserve", bp, rp)
         if e.phase in DOWN:
             return f"engine_{e.phase}", s.degraded, s.gpu_memory_utilization
     pressure = [b.pending[r] for r in PRESSURE_RULES if r in b.pending]  # since when L2's evidence holds
     if b.level >= Level.L2 and not s.degraded and pressure and t - min(pressure) >= rp.degrade_after_seconds:
         return "degrade", True, s.gpu_memory_utilization
-    if b.level == Level.L0 and s.degraded and b.since is not None and t - b.since >= rp.restore_after_seconds:
+    calm = b.level == Level.L0 and b.since is not None and t - b.since >= rp.restore_after_seconds
+    if calm and s.degraded:
         return "restore", False, s.gpu_memory_utilization
+    gone = e.foreign_ratio is not None and e.foreign_ratio <= FOREIGN_NOISE_RATIO  # what it was lowered for has left
+    if calm and s.lowered_from is not None and gone and _room_for(s.lowered_from, s, e, bp):
+        return "restore_utilization", s.degraded, None
     return None
+
+
+def configured_headroom(s: EngineState, e: Evidence) -> Evidence:
+    """Evidence whose expected free share is the one the engine was configured with, not the lowered one.
+
+    Lowering ``--gpu-memory-utilization`` to make room for other processes
+    leaves more of the GPU free by design; measured against the lowered
+    setting, the reserve would grow with every lowering and ask for the next.
+    """
+    if s.lowered_from is None or e.expected_free_ratio is None or e.gpu_memory_utilization is None:
+        return e
+    return replace(e, expected_free_ratio=max(0.0, e.expected_free_ratio - (s.lowered_from - e.gpu_memory_utilization)))
+
+
+def memory_utilization(s: EngineState, e: Evidence, rule: str, bp: BreakerParams, rp: ResponseParams) -> float | None:
+    """The ``--gpu-memory-utilization`` of a restart for memory outside the pool (None: the engine's own setting).
+
+    Other processes' memory (NVML lists them) survives the restart: the pool
+    shrinks by their share, as far as they need and no further. Without
+    them, the memory outside the pool was the engine's own: it dies with its
+    process, so the restart keeps the utilisation. An OOM whose cause cannot
+    be told (nothing listed) steps the utilisation down.
+    """
+    current = s.gpu_memory_utilization or e.gpu_memory_utilization
+    if current is None:
+        return None
+    if e.foreign_ratio is not None and e.foreign_ratio > FOREIGN_NOISE_RATIO:
+        configured = s.lowered_from or current
+        return max(rp.min_gpu_memory_utilization, math.floor((configured - e.foreign_ratio - UTILIZATION_MARGIN) * 100 + 1e-9) / 100)
+    if e.foreign_ratio is not None and rule == "free_reserve":
+        return s.gpu_memory_utilization
+    return lowered_utilization(s, e, bp, rp)
+
+
+def _room_for(util: float, s: EngineState, e: Evidence, bp: BreakerParams) -> bool:
+    """Whether the engine at ``util`` would leave the reserve's exit share free, with the memory outside its pool now."""
+    current = s.gpu_memory_utilization or e.gpu_memory_utilization
+    if e.free_ratio is None or current is None:
+        return False
+    return e.free_ratio - (util - current) >= breaker.reserve(e, bp)[1]
+
+
+def _memory_page(a: Action, e: Evidence) -> Action:
+    """A page for memory outside the pool: other processes named; the engine's own leak, cured by the restart, a warning."""
+    if a.reason not in ("free_reserve", "oom") or e.foreign_ratio is None:
+        return a
+    if e.foreign_ratio <= FOREIGN_NOISE_RATIO and a.reason == "free_reserve":
+        text = a.details["text"] + " (vLLM's own memory: the leak goes with its process)"
+        return replace(a, details={**a.details, "severity": "warning", "text": text})
+    others = ", ".join(f"pid {pid} {b / 2**30:.1f} GiB" for pid, b in e.foreign[:3])
+    text = a.details["text"] + f"; other processes hold {e.foreign_ratio * 100:.1f}% of the GPU ({others})"
+    return replace(a, details={**a.details, "text": text})
 
 
 def lowered_utilization(s: EngineState, e: Evidence, bp: BreakerParams, rp: ResponseParams) -> float | None:
@@ -212,8 +287,8 @@ def restart_details(s: EngineState, e: Evidence) -> dict[str, Any]:
     }
 
 
-def _gates(name: str, level: Level, reason: str) -> Action:
-    return Action("gates", name, int(level), reason)
+def _gates(name: str, level: Level, reason: str, shut: Level | None = None) -> Action:
+    return Action("gates", name, int(level), reason, {} if shut is None else {"shut": int(shut)})
 
 
 def _notify(name: str, level: Level, severity: Severity, rule: str, text: str, more: str | None = None) -> Action:
@@ -284,6 +359,7 @@ def to_disk(s: EngineState, wall_offset: float) -> dict[str, Any]:
         "restarting": wall(s.restarting),
         "degraded": s.degraded,
         "gpu_memory_utilization": s.gpu_memory_utilization,
+        "lowered_from": s.lowered_from,
         "tuned": dict(s.tuned),
     }
 
@@ -308,5 +384,6 @@ def from_disk(doc: Mapping[str, Any], wall_offset: float) -> EngineState:
         restarts=tuple(float(r) - wall_offset for r in doc["restarts"]),
         degraded=bool(doc["degraded"]),
         gpu_memory_utilization=None if util is None else float(util),
+        lowered_from=None if doc.get("lowered_from") is None else float(doc["lowered_from"]),
         tuned=dict(doc.get("tuned") or {}),  # absent in state files from before the tuner
     )
