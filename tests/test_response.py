@@ -229,3 +229,14 @@ def test_memory_past_the_budget_that_never_reaches_the_reserve_warns_and_never_r
     assert run.transitions == [(BP.l2_sustain_seconds, Level.L0, Level.L2, "over_budget")]
     assert run.kinds() == ["gates", "reset_prefix_cache", "notify:warning"] and run.restarts() == []
     assert run.actions[0][1].details["shut"] == 0
+
+
+def test_an_own_leak_in_known_steps_is_restarted_only_when_the_next_step_would_not_fit() -> None:
+    step = ev(free_ratio=0.05, over_budget_ratio=0.2, foreign_ratio=0.0, leak_step_ratio=0.015)
+    run = Run().feed(60, step)  # 5% free holds three more steps of 1.5%: a restart now would only cost a load
+    assert run.restarts() == [] and run.state.breaker.level == Level.L3
+    assert run.kinds() == ["gates", "reset_prefix_cache", "notify:warning"]
+    run.feed(BP.l3_sustain_seconds + 1, replace(step, free_ratio=0.02))  # the next step would leave 0.5%
+    (restart,) = run.restarts()
+    assert restart.details["gpu_memory_utilization"] is None
+    assert run.kinds()[-2:] == ["notify:warning", "restart"] and "action: drained restart" in run.actions[-2][1].details["text"]

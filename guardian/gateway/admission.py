@@ -3,9 +3,15 @@
 Bursts wait in the queue instead of reaching vLLM all at once; a full queue,
 or a request still waiting at its deadline, is answered 429 with
 Retry-After (the client's retry beats a request vLLM would only queue
-deeper). High priority goes first, but every ``low_every``-th free slot goes
-to the low lane when both wait, so low priority cannot starve under
-sustained high load.
+deeper). A low-priority request whose wait, predicted from the queue ahead
+of it and the rate slots freed lately, is past its deadline hears so at
+once, with that wait as Retry-After, instead of after the deadline.
+
+High priority goes first. Every ``low_every``-th free slot goes to the low
+lane when both wait, so low priority cannot starve under sustained high
+load, except while the oldest high-priority request has waited
+``HIGH_WAIT_TARGET_SECONDS``: then the high lane is behind and keeps every
+slot until it catches up.
 
 The breaker's gates act here: ``pause_low`` (L2) keeps the low lane
 waiting (until the gate opens, or 429 at the deadline); ``high_only`` (L3)
@@ -30,6 +36,9 @@ from typing import Literal
 
 Lane = Literal["high", "low"]
 FIRST_RESTART_GUESS_SECONDS = 120.0  # a restart before any was measured: a model load of a couple of minutes
+HIGH_WAIT_TARGET_SECONDS = 0.5  # the high lane waiting this long takes every slot (see the module doc)
+RATE_WINDOW_SECONDS = 30.0  # the dispatch rate a low request's wait is predicted from
+RATE_MIN_DISPATCHES = 10  # fewer in the window: no prediction (the request waits as usual)
 
 
 def _now() -> float:
@@ -57,6 +66,8 @@ class Admission:
         self.restart_seconds: float | None = None  # what the last restart took, drain to admit
         self._drain_began: float | None = None
         self._queues: dict[Lane, deque[asyncio.Future[None]]] = {"high": deque(), "low": deque()}
+        self._since: dict[asyncio.Future[None], float] = {}  # when each waiter began to wait
+        self._dispatched: deque[float] = deque()  # when slots were taken, over the last RATE_WINDOW_SECONDS
         self._high_streak = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -79,8 +90,15 @@ class Admission:
             deadline_seconds += left  # wait the restart out, then as long as anyone waits
         if self.queued >= self.queue_size:
             return Refusal(429, f"the queue in front of the engine is full ({self.queue_size} waiting)", 1)
+        if lane == "low" and not (self.pause_low or self.draining):
+            wait = self._predicted_wait()
+            if wait is not None and wait > deadline_seconds:
+                return Refusal(429, f"the engine is busy: about {wait:.0f}s of queue ahead, more than the "
+                                    f"{deadline_seconds:g}s a request waits", min(60, max(1, math.ceil(wait))))  # fmt: skip
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queues[lane].append(waiter)
+        self._since[waiter] = _now()
+        waiter.add_done_callback(self._forget)
         try:
             await asyncio.wait_for(asyncio.shield(waiter), deadline_seconds)
             return None
@@ -142,10 +160,28 @@ class Admission:
         high = bool(self._queues["high"]) and self._may_dispatch("high")
         low = bool(self._queues["low"]) and self._may_dispatch("low")
         if high and low:
-            return "low" if self._high_streak >= self.low_every else "high"
+            oldest = self._since.get(self._queues["high"][0])
+            behind = oldest is not None and _now() - oldest >= HIGH_WAIT_TARGET_SECONDS
+            return "low" if self._high_streak >= self.low_every and not behind else "high"
         return "high" if high else "low" if low else None
 
     def _take(self, lane: Lane) -> None:
         self._high_streak = self._high_streak + 1 if lane == "high" else 0
         self.in_flight += 1
         self._idle.clear()
+        self._dispatched.append(_now())
+
+    def _forget(self, waiter: asyncio.Future[None]) -> None:
+        self._since.pop(waiter, None)
+
+    def _predicted_wait(self) -> float | None:
+        """Seconds a request joining the back of the queue would wait, from the recent dispatch rate; None: not known."""
+        if not self.queued:
+            return None
+        now = _now()
+        while self._dispatched and now - self._dispatched[0] > RATE_WINDOW_SECONDS:
+            self._dispatched.popleft()
+        if len(self._dispatched) < RATE_MIN_DISPATCHES:
+            return None
+        rate = len(self._dispatched) / max(1.0, now - self._dispatched[0])
+        return self.queued / rate

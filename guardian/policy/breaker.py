@@ -118,6 +118,7 @@ class Evidence:
     telemetry_lost: bool = False
     foreign_ratio: float | None = None  # memory of other processes on the engine's GPUs / their capacity
     foreign: tuple[tuple[int, int], ...] = ()  # those processes: (pid, bytes), largest first
+    leak_step_ratio: float | None = None  # the largest step the engine's own memory leaked in lately / its GPUs' memory
 
 
 @dataclass(frozen=True)

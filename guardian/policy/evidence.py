@@ -24,6 +24,7 @@ class EvidenceMemory:
     lifecycles: dict[str, Lifecycle] = field(default_factory=dict)
     free_ratio: dict[str, float] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
+    leak_step: dict[str, float] = field(default_factory=dict)  # the engine's largest leak step lately (share of its GPUs)
 
 
 def evidence(
@@ -60,6 +61,9 @@ def evidence(
     oom = None if previous_free is None else (died and previous_free < oom_free_ratio)
     if free is not None:
         past.free_ratio[name] = free
+    leak = memory.leaks.get(f"engine/{name}/gpu") if memory else None
+    if leak is not None and place is not None and leak.held_steps:  # kept across restarts: the next process leaks alike
+        past.leak_step[name] = max(s.size for s in leak.held_steps) / place.capacity_bytes
     frag = memory.fragmentation.get(name) if memory else None
     return Evidence(
         fragmentation_ratio=frag.ratio if frag else None,
@@ -74,6 +78,7 @@ def evidence(
         preemptions_per_second=sig.preemptions_per_second,
         telemetry_lost=sig.telemetry_lost,
         foreign_ratio=foreign_ratio,
+        leak_step_ratio=past.leak_step.get(name),
         foreign=tuple(sorted(foreign.items(), key=lambda pb: -pb[1])),
     )
 

@@ -13,7 +13,7 @@ Its outputs are ``Action`` values; carrying them out is the executor's job.
 | leaving L0 upwards | free cached KV blocks (vLLM's /reset_prefix_cache) |
 | entering L1 or L2 | warn |
 | entering L3 | page |
-| L3 by the free reserve, the engine's own memory | drained restart at the same ``--gpu-memory-utilization`` (the leak dies with its process); a warning, not a page |
+| L3 by the free reserve, the engine's own memory | drained restart at the same ``--gpu-memory-utilization`` (the leak dies with its process) once the next leak step would not fit; a warning, not a page |
 | L3 by the free reserve or an OOM, other processes' memory | page naming them; drained restart with ``--gpu-memory-utilization`` lowered by their share, restored when they are gone |
 | L3 by an OOM of unknown cause | drained restart with a lower ``--gpu-memory-utilization`` |
 | L3 with the engine dead or unresponsive | restart it (again after each failed try: a crash loop) |
@@ -42,6 +42,7 @@ from guardian.policy.lifecycle import DOWN
 
 PRESSURE_RULES = ("kv_usage",)  # what the degraded profile answers (memory outside the pool is a restart's, a storm a burst's)
 FOREIGN_NOISE_RATIO = 0.005  # other processes' memory below this share of the GPU is not worth a restart (an agent's context)
+NEXT_STEP_MARGIN = 1.5  # an own leak's restart waits while free memory holds this many of its steps
 UTILIZATION_MARGIN = 0.01  # lowered a point more than other processes hold, so the next poll's rounding does not re-enter L3
 ActionKind = Literal["gates", "reset_prefix_cache", "notify", "restart", "tune"]
 Severity = Literal["info", "warning", "page"]
@@ -124,7 +125,7 @@ def respond(
     state = replace(state, breaker=b)
     if transition is not None:
         transitions.append(transition)
-        actions += on_transition(name, transition, b.shut)
+        actions += [_memory_page(a, e) for a in on_transition(name, transition, b.shut)]
     elif b.shut != shut:
         actions.append(_gates(name, b.level, "request path", b.shut))
     want = _wanted_restart(state, e, transition, t, bp, rp)
@@ -137,10 +138,10 @@ def respond(
                             lowered_from=lowered_from)  # fmt: skip
             restart = Action("restart", name, int(b.level), why, restart_details(state, e))
             taken = f"; action: {restart_text(restart)}"
-            actions = [_memory_page(_with_text(a, taken), e) if a.details.get("severity") == "page" else a for a in actions]
-            if transition is None and why == "free_reserve":  # the memory came back after a restart: say it again
-                again = _notify(name, b.level, "page", why, *numbers_text(why, breaker.evidence_numbers(e)))
-                actions.append(_memory_page(_with_text(again, taken), e))
+            if transition is None and why == "free_reserve":  # deferred, or back after a restart: tell it with the action
+                actions.append(_memory_page(_notify(name, b.level, "page", why, *numbers_text(why, breaker.evidence_numbers(e))), e))
+            told = [a.kind == "notify" and (a.details["severity"] == "page" or a.reason == why) for a in actions]
+            actions = [_with_text(a, taken) if tell else a for a, tell in zip(actions, told)]
             actions.append(restart)
         else:
             b, pinned = breaker.force(b, Level.L3, t, "restart budget")
@@ -191,7 +192,7 @@ def _wanted_restart(
         if tr is not None and tr.target == Level.L3 and tr.rule == "oom":
             return tr.rule, s.degraded, memory_utilization(s, e, tr.rule, bp, rp)
         reserve = b.pending.get("free_reserve")  # at L3's entry, or later (a leak back after a restart, L3 never left)
-        if reserve is not None and t - reserve >= bp.l3_sustain_seconds:
+        if reserve is not None and t - reserve >= bp.l3_sustain_seconds and not _next_step_fits(e):
             return "free_reserve", s.degraded, memory_utilization(s, e, "free_reserve", bp, rp)
         if e.phase in DOWN:
             return f"engine_{e.phase}", s.degraded, s.gpu_memory_utilization
@@ -205,6 +206,20 @@ def _wanted_restart(
     if calm and s.lowered_from is not None and gone and _room_for(s.lowered_from, s, e, bp):
         return "restore_utilization", s.degraded, None
     return None
+
+
+def _next_step_fits(e: Evidence) -> bool:
+    """The engine's own leak, in steps of a known size, with room for the next one and half again: its restart can wait.
+
+    A restart costs a model load, so the one that clears a leak comes as
+    late as is safe: when the next step would leave less than half a step
+    free (a step is seen at once in the free memory; the drain takes the
+    time between two steps at most).
+    """
+    own = e.foreign_ratio is not None and e.foreign_ratio <= FOREIGN_NOISE_RATIO
+    if not own or e.leak_step_ratio is None or e.free_ratio is None:
+        return False
+    return e.free_ratio > NEXT_STEP_MARGIN * e.leak_step_ratio
 
 
 def configured_headroom(s: EngineState, e: Evidence) -> Evidence:
@@ -249,7 +264,7 @@ def _room_for(util: float, s: EngineState, e: Evidence, bp: BreakerParams) -> bo
 
 def _memory_page(a: Action, e: Evidence) -> Action:
     """A page for memory outside the pool: other processes named; the engine's own leak, cured by the restart, a warning."""
-    if a.reason not in ("free_reserve", "oom") or e.foreign_ratio is None:
+    if a.kind != "notify" or a.details.get("severity") != "page" or a.reason not in ("free_reserve", "oom") or e.foreign_ratio is None:
         return a
     if e.foreign_ratio <= FOREIGN_NOISE_RATIO and a.reason == "free_reserve":
         text = a.details["text"] + " (vLLM's own memory: the leak goes with its process)"

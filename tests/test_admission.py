@@ -1,0 +1,36 @@
+"""The admission queue in simulated time: a restart is waited out when it is short enough, refused at once when not."""
+
+from __future__ import annotations
+
+import asyncio
+
+from guardian.gateway.admission import FIRST_RESTART_GUESS_SECONDS, Admission
+from guardian.sim.virtual_loop import run
+
+
+def test_a_request_arriving_during_a_restart_waits_it_out_instead_of_a_429_at_the_queue_deadline() -> None:
+    async def main() -> tuple[object, float, float | None]:
+        loop = asyncio.get_running_loop()
+        adm = Admission(cap=2, queue_size=10, restart_hold_seconds=300)
+        await adm.drain(timeout=10)
+        waiting = asyncio.ensure_future(adm.acquire("low", deadline_seconds=30))
+        await asyncio.sleep(100)  # the model loads for 100 s: longer than the 30 s deadline
+        assert not waiting.done()
+        adm.admit()
+        return await waiting, loop.time(), adm.restart_seconds
+
+    refusal, at, measured = run(main())
+    assert refusal is None and at == 100 and measured == 100
+
+
+def test_a_restart_longer_than_the_hold_is_answered_503_at_once_with_the_time_left() -> None:
+    async def main() -> object:
+        adm = Admission(cap=2, queue_size=10, restart_hold_seconds=60)
+        await adm.drain(timeout=10)
+        await asyncio.sleep(20)
+        return await adm.acquire("high", deadline_seconds=30)
+
+    refusal = run(main())
+    assert refusal is not None and refusal.status == 503  # type: ignore[attr-defined]
+    assert refusal.retry_after == FIRST_RESTART_GUESS_SECONDS - 20  # type: ignore[attr-defined]
+    assert "restarting, about 100s left" in refusal.reason  # type: ignore[attr-defined]
