@@ -23,7 +23,8 @@ are missing: no sockets, no JSON. Everything runs on a virtual-time event
 loop (``guardian/sim/virtual_loop.py``), so a run is exactly repeatable.
 
 Every scenario has a calm twin (the same clients without the trouble); the
-swing is a run's P99 TTFT over its calm twin's, same mode. Goodput: requests
+swing is a run's P99 TTFT over its calm twin's, same mode: of all requests,
+then of the high lane's, then of the short prompts' (up to 4096 tokens). Goodput: requests
 answered with a first token within 1 s plus the prompt's own unloaded
 prefill (40 µs a token), as a share of all requests sent.
 
@@ -77,6 +78,8 @@ HOST_MEMORY = 512 * 2**30
 SLO_BASE_SECONDS = 1.0
 PREFILL_SECONDS_PER_TOKEN = 4e-5
 MAX_RETRIES = 2  # the OpenAI SDKs' default
+SHORT_PROMPT_TOKENS = 4096  # the default config's short bucket
+LATE_SECONDS = 600.0  # "within ten minutes": goodput of what is sent after this
 Mode = Literal["unguarded", "guarded"]
 
 
@@ -151,9 +154,12 @@ class Result:
     seed: int
     sent: int = 0
     good: int = 0
+    late_sent: int = 0  # requests sent after the first ten minutes, and the good ones among them
+    late_good: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)  # ok, failed, cut, refused_429, refused_503, bad_request
     retries: Counter[str] = field(default_factory=Counter)  # attempts retried, by what the client heard
     ttft: dict[str, list[float]] = field(default_factory=lambda: {"high": [], "low": []})
+    short_ttft: list[float] = field(default_factory=list)  # prompts of the default short bucket (<= 4096 tokens)
     e2e: list[float] = field(default_factory=list)
     exits: Counter[str] = field(default_factory=Counter)  # oom, refused_to_start, restarted
     cut_by_restart: int = 0  # requests in flight when guardian's restart stopped the engine
@@ -249,6 +255,8 @@ class Run:
         loop = asyncio.get_running_loop()
         sent = loop.time()
         r = self.result
+        late = sent - self.t0 >= LATE_SECONDS
+        r.late_sent += late
         for attempt in range(MAX_RETRIES + 1):
             heard, retry_after, req = await self.attempt(prompt, output, lane, stream)
             if heard == "ok":
@@ -256,9 +264,12 @@ class Run:
                 ttft = req.first_token_at - sent
                 r.outcomes["ok"] += 1
                 r.ttft[lane].append(ttft)
+                if prompt <= SHORT_PROMPT_TOKENS:
+                    r.short_ttft.append(ttft)
                 r.e2e.append(req.last_token_at - sent)
                 if ttft <= SLO_BASE_SECONDS + PREFILL_SECONDS_PER_TOKEN * prompt:
                     r.good += 1
+                    r.late_good += late
                 return
             if heard in ("cut", "bad_request"):
                 r.outcomes[heard] += 1
@@ -300,7 +311,7 @@ class Run:
             if reason == "abort":  # the engine died under it (clients here never abort)
                 done.set_result("cut" if stream and req.generated > 0 else "connection")
             else:
-                loop.call_at(max(loop.time(), req.last_token_at or loop.time()), lambda: done.done() or done.set_result("ok"))
+                loop.call_at(max(loop.time(), req.last_token_at or loop.time()), _settle, done, "ok")
 
         req.listener = on_tokens
         try:
@@ -331,7 +342,8 @@ class Run:
             t = loop.time()
             sample = self.sample(t)
             result = self.pipeline.step(sample, self.executor.finished(before=t))
-            self.gateway.follow({name: e.phase for name, e in result.evidence.items()})
+            self.gateway.follow({n: e.phase for n, e in result.evidence.items()},
+                                {n: sig.kv_pool_tokens for n, sig in result.signals.items()})  # fmt: skip
             for _, tr in result.decision.transitions:
                 self.result.max_level = max(self.result.max_level, int(tr.target))
             for action in result.decision.actions:
@@ -371,6 +383,11 @@ class Run:
         return Outcome("notify", "done", "counted")
 
 
+def _settle(done: asyncio.Future[str], outcome: str) -> None:
+    if not done.done():
+        done.set_result(outcome)
+
+
 def run_one(job: tuple[str, Mode, bool, int, float | None]) -> Result:
     name, mode, calm, seed, minutes = job
     case = CASES[name] if minutes is None else replace(CASES[name], minutes=minutes)
@@ -395,8 +412,8 @@ def table(results: list[Result], seeds: int) -> list[str]:
         by.setdefault((r.case, r.mode, r.calm), []).append(r)
     lines = [
         "| scenario | mode | OOM deaths | failed | cut | refused 429 / 503 | retried | goodput | TTFT P50 / P99 ms | high P99 ms "
-        "| e2e P99 ms | P99 swing | restarts (why) | pages |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| short P99 ms | e2e P99 ms | P99 swing (high, short) | restarts (why) | pages |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name in CASES:
         for mode in ("unguarded", "guarded"):
@@ -408,8 +425,12 @@ def table(results: list[Result], seeds: int) -> list[str]:
             out: Counter[str] = sum((r.outcomes for r in runs), Counter())
             ttft = [x for r in runs for lane in r.ttft.values() for x in lane]
             high = [x for r in runs for x in r.ttft["high"]]
-            calm_ttft = [x for r in calm for lane in r.ttft.values() for x in lane]
-            swing = quantile(ttft, 0.99) / quantile(calm_ttft, 0.99) if calm_ttft else float("nan")
+            short = [x for r in runs for x in r.short_ttft]
+            swing = [quantile(ours, 0.99) / quantile(twin, 0.99) if twin else float("nan") for ours, twin in (
+                (ttft, [x for r in calm for lane in r.ttft.values() for x in lane]),
+                (high, [x for r in calm for x in r.ttft["high"]]),
+                (short, [x for r in calm for x in r.short_ttft]),
+            )]  # fmt: skip
             restarts: Counter[str] = sum((r.restarts for r in runs), Counter())
             exits: Counter[str] = sum((r.exits for r in runs), Counter())
             systemd = exits["oom"] + exits["refused_to_start"]
@@ -419,11 +440,64 @@ def table(results: list[Result], seeds: int) -> list[str]:
                 f"| {name} | {mode} | {exits['oom']} | {out['failed']} | {out['cut']} | {out['refused_429']} / {out['refused_503']} "
                 f"| {sum(sum(r.retries.values()) for r in runs)} | {sum(r.good for r in runs) / max(1, sent) * 100:.0f}% "
                 f"| {_ms(quantile(ttft, 0.5))} / {_ms(quantile(ttft, 0.99))} | {_ms(quantile(high, 0.99))} "
-                f"| {_ms(quantile([x for r in runs for x in r.e2e], 0.99))} | {swing:.1f}x | {why} | {sum(r.pages for r in runs)} |"
+                f"| {_ms(quantile(short, 0.99))} | {_ms(quantile([x for r in runs for x in r.e2e], 0.99))} "
+                f"| {swing[0]:.1f}x ({swing[1]:.1f}x, {swing[2]:.1f}x) | {why} | {sum(r.pages for r in runs)} |"
             )  # fmt: skip
     lines.append("")
     lines.append(f"Counts are totals over {seeds} seed(s); latencies over all requests of all seeds.")
     return lines
+
+
+def verdicts(results: list[Result]) -> list[str]:
+    """The issue's targets, each with the figures behind it and MET or NOT MET."""
+
+    def runs(name: str, mode: Mode, calm: bool = False) -> list[Result]:
+        return [r for r in results if (r.case, r.mode, r.calm) == (name, mode, calm)]
+
+    def lost(rs: list[Result]) -> int:
+        return sum(r.outcomes["failed"] + r.outcomes["cut"] for r in rs)
+
+    def p99(rs: list[Result], pick: Callable[[Result], list[float]]) -> float:
+        return quantile([x for r in rs for x in pick(r)], 0.99)
+
+    out = []
+    names = sorted({r.case for r in results}, key=list(CASES).index)
+    for name in names:
+        g, u = runs(name, "guarded"), runs(name, "unguarded")
+        if not g or not u:
+            continue
+        cut_by_restart = sum(r.cut_by_restart for r in g)
+        ok = lost(g) <= lost(u) and cut_by_restart == 0
+        out.append(f"{name}: failed + cut guarded {lost(g)} vs unguarded {lost(u)}, cut by guardian's restarts "
+                   f"{cut_by_restart}: {'MET' if ok else 'NOT MET'}")  # fmt: skip
+    g = [r for r in results if r.mode == "guarded" and not r.calm]
+    ooms = sum(r.exits["oom"] for r in g)
+    out.append(f"OOM deaths in guarded runs: {ooms}: {'MET' if ooms == 0 else 'NOT MET'}")
+    if f := runs("foreign-leak", "guarded"):
+        named = all(any("other processes hold" in t and "pid " in t for t in r.page_texts) for r in f)
+        restarts = max(sum(r.restarts.values()) for r in f)
+        out.append(f"foreign-leak: paged naming the process in every run: {named}, guardian's restarts per run at most "
+                   f"{restarts}: {'MET' if named and restarts <= 2 else 'NOT MET'}")  # fmt: skip
+    if s := runs("leak-stops-short", "guarded"):
+        restarts, warned = sum(sum(r.restarts.values()) for r in s), all(r.warnings for r in s)
+        out.append(f"leak-stops-short: {restarts} restarts, warned in every run: {warned}: "
+                   f"{'MET' if restarts == 0 and warned else 'NOT MET'}")  # fmt: skip
+    if b := runs("burst", "guarded"):
+        high, twin = p99(b, lambda r: r.ttft["high"]), p99(runs("burst", "guarded", True), lambda r: r.ttft["high"])
+        pages = sum(r.pages for r in b)
+        out.append(f"burst: high-priority P99 TTFT {high * 1000:.0f} ms vs calm twin {twin * 1000:.0f} ms "
+                   f"({high / twin:.2f}x, target <= 2x), pages {pages}: {'MET' if high <= 2 * twin and pages == 0 else 'NOT MET'}")  # fmt: skip
+    if f := runs("flood", "guarded"):
+        short, twin = p99(f, lambda r: r.short_ttft), p99(runs("flood", "guarded", True), lambda r: r.short_ttft)
+        good = sum(r.good for r in f) / max(1, sum(r.sent for r in f))
+        unguarded = sum(r.good for r in runs("flood", "unguarded")) / max(1, sum(r.sent for r in runs("flood", "unguarded")))
+        ok = short <= 2 * twin and good >= 3 * unguarded
+        out.append(f"flood: short-prompt P99 TTFT {short * 1000:.0f} ms vs calm twin {twin * 1000:.0f} ms ({short / twin:.2f}x, "
+                   f"target <= 2x), goodput {good * 100:.0f}% vs unguarded {unguarded * 100:.0f}%: {'MET' if ok else 'NOT MET'}")  # fmt: skip
+    if t := runs("too-small", "guarded"):
+        late = sum(r.late_good for r in t) / max(1, sum(r.late_sent for r in t))
+        out.append(f"too-small: goodput after the first 10 minutes {late * 100:.0f}% (target >= 90%): {'MET' if late >= 0.9 else 'NOT MET'}")
+    return out
 
 
 def main() -> None:
@@ -447,6 +521,9 @@ def main() -> None:
             print(f"  done: {res.case}{twin} {res.mode} seed {res.seed}: {res.sent} requests, {res.cpu_seconds:.0f} s CPU", flush=True)
     print()
     for line in table(results, args.seeds):
+        print(line)
+    print()
+    for line in verdicts(results):
         print(line)
     print()
     for name in names:

@@ -50,7 +50,7 @@ from guardian.notify.service import Deliverer, Notifications, Settings, SmsDeliv
 from guardian.notify.sms import TwilioSender, read_token
 from guardian.notify import alertmanager
 from guardian.notify.alerts import Contact
-from guardian.pipeline import Decision, Pipeline, tuner_move
+from guardian.pipeline import Decision, Pipeline, PollResult, tuner_move
 from guardian.policy import response, tuner
 from guardian.policy.response import Action, Command
 from guardian.record import SampleRecorder
@@ -396,7 +396,7 @@ class Daemon:
         self._nvml_failures = 0 if nvml.ok else self._nvml_failures + 1
         self._nvml_log.observe(None if nvml.ok else "nvml", nvml.error)
         self._observe_memory(sample, result.memory)
-        self._route(result.evidence)
+        self._route(result)
         if self._record is not None:
             self._write_record(sample)
         self._carry_out(result.decision)
@@ -751,10 +751,11 @@ class Daemon:
         except (WorkerBusy, asyncio.TimeoutError):
             return {n: (None, "process scan did not finish in time") for n, _ in sources}, {}
 
-    def _route(self, seen: Mapping[str, response.Evidence]) -> None:
-        """The gateway sends requests only to engines that are up (or not yet known): never to a dead, hung or loading one."""
+    def _route(self, result: PollResult) -> None:
+        """The gateway sends requests only to engines that are up (or not yet known), and sizes its long queue by their pools."""
         if self.gateway is not None:
-            self.gateway.follow({name: e.phase for name, e in seen.items()})
+            self.gateway.follow({n: e.phase for n, e in result.evidence.items()},
+                                {n: sig.kv_pool_tokens for n, sig in result.signals.items()})  # fmt: skip
 
     def _observe_engine(self, engine: _Engine, reading: EngineReading, restarts_before: int, restarts: int) -> None:
         name = engine.section.name

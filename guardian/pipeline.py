@@ -156,7 +156,8 @@ class Pipeline:
         params = concurrency.CapParams(gw.concurrency, full_kv_usage_ratio=bp.l2_enter_kv_usage_ratio,
                                        calm_preemptions_per_second=bp.l3_calm_preemptions_per_second)  # fmt: skip
         was = self.caps.get(name) or concurrency.CapState(load.cap)
-        pressure = concurrency.Pressure(sig.running, sig.waiting, sig.kv_cache_usage, sig.preemptions_per_second, load.in_flight)
+        pressure = concurrency.Pressure(sig.running, sig.waiting, sig.kv_cache_usage, sig.preemptions_per_second,
+                                        load.in_flight, load.queued)  # fmt: skip
         now, why = concurrency.step(was, pressure, sample.t, params)
         self.caps[name] = now
         if why is None:

@@ -55,6 +55,11 @@ class EngineSignals:
     cpu_seconds: float | None = None  # CPU time of the live processes of the tree
 
 
+    @property
+    def kv_pool_tokens(self) -> int | None:
+        """The KV pool's size in tokens (blocks x block size), as the engine reports it."""
+        return self.num_gpu_blocks * self.block_size if self.num_gpu_blocks and self.block_size else None
+
     def brief(self) -> str:
         """The engine in a few words, for systemd's STATUS= line and the demo: kv, batch, queue, P99 TTFT."""
         if not self.up:

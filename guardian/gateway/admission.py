@@ -7,7 +7,10 @@ deeper). A low-priority request whose wait, predicted from the queue ahead
 of it and the rate slots freed lately, is past its deadline hears so at
 once, with that wait as Retry-After, instead of after the deadline.
 
-High priority goes first. Every ``low_every``-th free slot goes to the low
+High priority goes first, and the last fifth of the cap is its alone
+(``HIGH_RESERVE_RATIO``, one slot at least left to the low lane): an urgent
+request arriving at a busy engine finds a slot instead of waiting for one
+to free. Every ``low_every``-th free slot goes to the low
 lane when both wait, so low priority cannot starve under sustained high
 load, except while the oldest high-priority request has waited
 ``HIGH_WAIT_TARGET_SECONDS``: then the high lane is behind and keeps every
@@ -17,6 +20,13 @@ The breaker's gates act here: ``pause_low`` (L2) keeps the low lane
 waiting (until the gate opens, or 429 at the deadline); ``high_only`` (L3)
 refuses the low lane at once. ``drain`` (a restart) stops dispatching and
 waits until nothing is in flight; queued requests wait for ``admit``.
+
+Long prompts (``LONG_REQUEST_RATIO`` of the engine's KV pool or more, the
+pool as the last poll read it) wait in a queue of their own, served when
+neither lane waits and only while the long requests in flight hold less
+than ``LONG_SHARE_RATIO`` of the pool (one may always go): a flood of long
+contexts fills half the pool at most, and the short requests behind it are
+never behind it in the queue.
 
 A restart is priced by what this engine's restarts took (drain to admit,
 the last one; a first guess before any): a request that arrives during one
@@ -30,12 +40,16 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Literal
 
 Lane = Literal["high", "low"]
+Queue = Literal["high", "low", "long"]
 FIRST_RESTART_GUESS_SECONDS = 120.0  # a restart before any was measured: a model load of a couple of minutes
+LONG_REQUEST_RATIO = 0.125  # a prompt of this share of the engine's KV pool or more waits in the long queue
+LONG_SHARE_RATIO = 0.5  # long requests in flight together hold at most this share of the pool (one always may)
+HIGH_RESERVE_RATIO = 0.2  # the last fifth of the cap's slots are the high lane's only
 HIGH_WAIT_TARGET_SECONDS = 0.5  # the high lane waiting this long takes every slot (see the module doc)
 RATE_WINDOW_SECONDS = 30.0  # the dispatch rate a low request's wait is predicted from
 RATE_MIN_DISPATCHES = 10  # fewer in the window: no prediction (the request waits as usual)
@@ -65,7 +79,11 @@ class Admission:
         self.restart_hold_seconds = restart_hold_seconds
         self.restart_seconds: float | None = None  # what the last restart took, drain to admit
         self._drain_began: float | None = None
-        self._queues: dict[Lane, deque[asyncio.Future[None]]] = {"high": deque(), "low": deque()}
+        self.kv_tokens: int | None = None  # the engine's KV pool in tokens (blocks x block size), from the last poll
+        self.long_tokens = 0  # prompt tokens of the long requests in flight
+        self._long_in_flight: Counter[int] = Counter()  # their sizes, so a release matches its take whatever the pool is now
+        self._queues: dict[Queue, deque[asyncio.Future[None]]] = {"high": deque(), "low": deque(), "long": deque()}
+        self._tokens: dict[asyncio.Future[None], int] = {}  # a long waiter's prompt tokens
         self._since: dict[asyncio.Future[None], float] = {}  # when each waiter began to wait
         self._dispatched: deque[float] = deque()  # when slots were taken, over the last RATE_WINDOW_SECONDS
         self._high_streak = 0
@@ -76,12 +94,16 @@ class Admission:
     def queued(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
-    async def acquire(self, lane: Lane, deadline_seconds: float) -> Refusal | None:
-        """None once the request may go upstream (then ``release`` it); else why not."""
+    def is_long(self, tokens: int) -> bool:
+        return self.kv_tokens is not None and tokens >= self.kv_tokens * LONG_REQUEST_RATIO
+
+    async def acquire(self, lane: Lane, deadline_seconds: float, tokens: int = 0) -> Refusal | None:
+        """None once the request may go upstream (then ``release`` it with the same tokens); else why not."""
         if lane == "low" and self.high_only:
             return Refusal(503, f"only high-priority requests are admitted while the engine is at {self.why}", 30)
-        if self._may_dispatch(lane) and not self.queued:
-            self._take(lane)
+        queue: Queue = "long" if self.is_long(tokens) else lane
+        if self._may_dispatch(queue, tokens) and not self.queued:
+            self._take(queue, tokens)
             return None
         if self.draining and self._drain_began is not None:
             left = max(0.0, self._drain_began + (self.restart_seconds or FIRST_RESTART_GUESS_SECONDS) - _now())
@@ -90,14 +112,16 @@ class Admission:
             deadline_seconds += left  # wait the restart out, then as long as anyone waits
         if self.queued >= self.queue_size:
             return Refusal(429, f"the queue in front of the engine is full ({self.queue_size} waiting)", 1)
-        if lane == "low" and not (self.pause_low or self.draining):
+        if queue != "high" and not (self.pause_low or self.draining):
             wait = self._predicted_wait()
             if wait is not None and wait > deadline_seconds:
                 return Refusal(429, f"the engine is busy: about {wait:.0f}s of queue ahead, more than the "
                                     f"{deadline_seconds:g}s a request waits", min(60, max(1, math.ceil(wait))))  # fmt: skip
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queues[lane].append(waiter)
+        self._queues[queue].append(waiter)
         self._since[waiter] = _now()
+        if queue == "long":
+            self._tokens[waiter] = tokens
         waiter.add_done_callback(self._forget)
         try:
             await asyncio.wait_for(asyncio.shield(waiter), deadline_seconds)
@@ -106,17 +130,20 @@ class Admission:
             if waiter.done() and not waiter.cancelled():  # granted as the deadline passed: keep it
                 return None
             waiter.cancel()
-            self._queues[lane].remove(waiter)
+            self._queues[queue].remove(waiter)
             why = f"low-priority work is paused ({self.why})" if lane == "low" and self.pause_low else "the engine is busy"
             return Refusal(429, f"{why}: waited {deadline_seconds:g}s in the queue", max(1, int(deadline_seconds / 2)))
         except asyncio.CancelledError:  # the client went away while waiting
             if waiter.done() and not waiter.cancelled():
-                self.release()
-            elif waiter in self._queues[lane]:
-                self._queues[lane].remove(waiter)
+                self.release(tokens)
+            elif waiter in self._queues[queue]:
+                self._queues[queue].remove(waiter)
             raise
 
-    def release(self) -> None:
+    def release(self, tokens: int = 0) -> None:
+        if self._long_in_flight[tokens] > 0:
+            self._long_in_flight[tokens] -= 1
+            self.long_tokens -= tokens
         self.in_flight -= 1
         if self.in_flight == 0:
             self._idle.set()
@@ -125,13 +152,13 @@ class Admission:
     def dispatch(self) -> None:
         """Hand free slots to waiting requests: high first, the low lane every ``low_every``-th slot."""
         while True:
-            lane = self._next_lane()
-            if lane is None:
+            queue = self._next_queue()
+            if queue is None:
                 return
-            waiter = self._queues[lane].popleft()
+            waiter = self._queues[queue].popleft()
             if waiter.done():
                 continue
-            self._take(lane)
+            self._take(queue, self._tokens.get(waiter, 0))
             waiter.set_result(None)
 
     async def drain(self, timeout: float) -> int:
@@ -151,28 +178,41 @@ class Admission:
         self._drain_began = None
         self.dispatch()
 
-    def _may_dispatch(self, lane: Lane) -> bool:
+    def _may_dispatch(self, queue: Queue, tokens: int = 0) -> bool:
         if self.draining or self.in_flight >= self.cap:
             return False
-        return not (lane == "low" and (self.pause_low or self.high_only))
+        if queue == "long" and self.kv_tokens is not None and self.long_tokens:
+            if self.long_tokens + tokens > self.kv_tokens * LONG_SHARE_RATIO:
+                return False
+        if queue != "high":
+            reserve = min(self.cap - 1, math.ceil(self.cap * HIGH_RESERVE_RATIO))
+            return not (self.pause_low or self.high_only) and self.in_flight < self.cap - reserve
+        return True
 
-    def _next_lane(self) -> Lane | None:
+    def _next_queue(self) -> Queue | None:
         high = bool(self._queues["high"]) and self._may_dispatch("high")
         low = bool(self._queues["low"]) and self._may_dispatch("low")
         if high and low:
             oldest = self._since.get(self._queues["high"][0])
             behind = oldest is not None and _now() - oldest >= HIGH_WAIT_TARGET_SECONDS
             return "low" if self._high_streak >= self.low_every and not behind else "high"
-        return "high" if high else "low" if low else None
+        if high or low:
+            return "high" if high else "low"
+        longs = self._queues["long"]
+        return "long" if longs and self._may_dispatch("long", self._tokens.get(longs[0], 0)) else None
 
-    def _take(self, lane: Lane) -> None:
-        self._high_streak = self._high_streak + 1 if lane == "high" else 0
+    def _take(self, queue: Queue, tokens: int = 0) -> None:
+        self._high_streak = self._high_streak + 1 if queue == "high" else 0
+        if queue == "long":
+            self.long_tokens += tokens
+            self._long_in_flight[tokens] += 1
         self.in_flight += 1
         self._idle.clear()
         self._dispatched.append(_now())
 
     def _forget(self, waiter: asyncio.Future[None]) -> None:
         self._since.pop(waiter, None)
+        self._tokens.pop(waiter, None)
 
     def _predicted_wait(self) -> float | None:
         """Seconds a request joining the back of the queue would wait, from the recent dispatch rate; None: not known."""

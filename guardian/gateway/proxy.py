@@ -86,6 +86,7 @@ class Seat:
     engine: str
     lane: Lane
     bucket: str
+    tokens: int  # the prompt's estimate: what its place in the KV pool is accounted by
 
 
 @dataclass(frozen=True)
@@ -295,23 +296,26 @@ class GatewayServer:
         admission = self.admission[engine]
         waited = time.perf_counter()
         self._gauges(engine)
-        refusal = await admission.acquire(lane, s.queue_deadline_seconds)
+        refusal = await admission.acquire(lane, s.queue_deadline_seconds, choice.tokens)
         self.metrics.queue_wait.observe(time.perf_counter() - waited)
         self._gauges(engine)
         if refusal is not None:
             self.metrics.requests.labels(lane, bucket, f"refused_{refusal.status}").inc()
             return Turned.refused(refusal)
-        return Seat(engine, lane, bucket)
+        return Seat(engine, lane, bucket, choice.tokens)
 
     def leave(self, seat: Seat) -> None:
         """The seated request is over (answered, failed or gone): its place goes to the next."""
-        self.admission[seat.engine].release()
+        self.admission[seat.engine].release(seat.tokens)
         self._gauges(seat.engine)
 
-    def follow(self, phases: Mapping[str, str | None]) -> None:
-        """Route only to engines that are up (or not yet known): never to a dead, hung or loading one."""
+    def follow(self, phases: Mapping[str, str | None], kv_tokens: Mapping[str, int | None]) -> None:
+        """The poll's word: route only to engines that are up (or not yet known), and their KV pools' sizes."""
         for name, phase in phases.items():
             self.set_available(name, phase in (None, "up"), phase or "unknown")
+        for name, tokens in kv_tokens.items():
+            if name in self.admission and tokens:
+                self.admission[name].kv_tokens = tokens
 
     async def _not_routed(self, request: web.Request) -> web.Response:
         what = "one of vLLM's admin endpoints, never proxied" if routes.admin(request.path) else "not proxied"

@@ -11,7 +11,8 @@ when configured):
 - the engine has requests waiting while its pool is full or it preempts:
   the cap comes down to the sequences it runs (the pool's measure of what
   fits), never below ``floor``;
-- otherwise, when the gateway keeps the engine at its cap, the pool has
+- otherwise, when the gateway holds requests back (at the cap, or
+  queued: the low lane stops short of it, see ``gateway/admission.py``), the pool has
   room, nothing waits inside the engine and nothing was preempted lately:
   the cap grows by a tenth (at least one) every ``grow_every_seconds``, up
   to the configured concurrency.
@@ -53,6 +54,7 @@ class Pressure:
     kv_usage: float | None
     preemptions_per_second: float | None
     in_flight: int  # the gateway's, to this engine
+    queued: int = 0  # waiting at the gateway for this engine
 
 
 def step(state: CapState, p: Pressure, t: float, params: CapParams) -> tuple[CapState, str | None]:
@@ -67,6 +69,7 @@ def step(state: CapState, p: Pressure, t: float, params: CapParams) -> tuple[Cap
     grown = min(params.ceiling, state.cap + max(1, state.cap // 10))
     room = p.kv_usage is not None and p.kv_usage < params.full_kv_usage_ratio and not preempting and not p.waiting
     rested = state.changed_at is None or t - state.changed_at >= params.grow_every_seconds
-    if room and rested and p.in_flight >= state.cap and grown > state.cap:
+    held_back = p.in_flight >= state.cap or p.queued > 0  # the cap is what keeps requests from the engine
+    if room and rested and held_back and grown > state.cap:
         return CapState(grown, t), "room"
     return state, None
