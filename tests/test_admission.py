@@ -34,3 +34,23 @@ def test_a_restart_longer_than_the_hold_is_answered_503_at_once_with_the_time_le
     assert refusal is not None and refusal.status == 503  # type: ignore[attr-defined]
     assert refusal.retry_after == FIRST_RESTART_GUESS_SECONDS - 20  # type: ignore[attr-defined]
     assert "restarting, about 100s left" in refusal.reason  # type: ignore[attr-defined]
+
+
+def test_long_prompts_wait_in_their_own_queue_holding_half_the_pool_at_most_and_never_block_short_ones() -> None:
+    async def main() -> None:
+        adm = Admission(cap=8, queue_size=50)
+        adm.kv_tokens = 96_000  # long: 12k tokens or more; together at most 48k in flight
+        assert await adm.acquire("low", 30, tokens=30_000) is None
+        second = asyncio.ensure_future(adm.acquire("low", 30, tokens=30_000))  # 60k would pass half the pool: waits
+        await asyncio.sleep(0)
+        assert not second.done() and adm.long_tokens == 30_000
+        short = await adm.acquire("low", 30, tokens=800)  # not behind the long one in the queue
+        assert short is None and adm.in_flight == 2
+        adm.release(30_000)
+        await asyncio.sleep(0.01)
+        assert second.done() and second.result() is None and adm.long_tokens == 30_000
+        adm.release(30_000)
+        adm.release(800)
+        assert adm.long_tokens == 0 and adm.in_flight == 0
+
+    run(main())

@@ -102,7 +102,7 @@ class Admission:
         if lane == "low" and self.high_only:
             return Refusal(503, f"only high-priority requests are admitted while the engine is at {self.why}", 30)
         queue: Queue = "long" if self.is_long(tokens) else lane
-        if self._may_dispatch(queue, tokens) and not self.queued:
+        if self._may_dispatch(queue, tokens) and not self._ahead(queue):
             self._take(queue, tokens)
             return None
         if self.draining and self._drain_began is not None:
@@ -209,6 +209,11 @@ class Admission:
         self.in_flight += 1
         self._idle.clear()
         self._dispatched.append(_now())
+
+    def _ahead(self, queue: Queue) -> int:
+        """Requests served before one joining ``queue``: high before low, both before long."""
+        order: tuple[Queue, ...] = ("high", "low", "long")
+        return sum(len(self._queues[q]) for q in order[: order.index(queue) + 1])
 
     def _forget(self, waiter: asyncio.Future[None]) -> None:
         self._since.pop(waiter, None)

@@ -171,8 +171,8 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             name="breaker-staircase",
-            description="a leak of 6% steps walks the breaker up L1 -> L2 -> L3; guardian drains and restarts "
-            "the engine with less memory, and the level comes back down",
+            description="a leak of 6% steps in vLLM's own process walks the breaker up L1 -> L2 -> L3; guardian "
+            "drains and restarts the engine (the leak dies with it), and the level comes back down",
             rate=_steady,
             prompt=Lengths(1500, 0.8, 16, 16000),
             output=Lengths(160, 0.7, 8, 1024),

@@ -1,0 +1,41 @@
+"""Protection against a simulated host that fails (bench/efficacy.py's harness, shortened): guardian must prevent the harm."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def efficacy() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("efficacy", ROOT / "bench" / "efficacy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["efficacy"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_leak_that_kills_vllm_unguarded_is_restarted_in_time_at_the_same_utilisation_losing_no_request(efficacy: ModuleType) -> None:
+    unguarded = efficacy.run_one(("leak-to-oom", "unguarded", False, 1, 22.0))
+    guarded = efficacy.run_one(("leak-to-oom", "guarded", False, 1, 22.0))
+    assert unguarded.exits["oom"] == 1 and unguarded.outcomes["failed"] > 100  # the harm is real
+    assert guarded.exits["oom"] == 0 and guarded.cut_by_restart == 0
+    assert dict(guarded.restarts) == {"free_reserve": 1} and guarded.pages == 0 and guarded.warnings >= 1
+    lost = guarded.outcomes["failed"] + guarded.outcomes["cut"] + guarded.outcomes["refused_429"] + guarded.outcomes["refused_503"]
+    assert lost < unguarded.outcomes["failed"] / 2
+
+
+def test_another_process_growing_on_the_gpu_pages_naming_it_and_vllm_is_not_restarted_in_a_loop(efficacy: ModuleType) -> None:
+    unguarded = efficacy.run_one(("foreign-leak", "unguarded", False, 1, 20.0))
+    guarded = efficacy.run_one(("foreign-leak", "guarded", False, 1, 20.0))
+    assert unguarded.exits["refused_to_start"] > 5  # systemd's crash loop: vLLM cannot start beside the other process
+    assert guarded.exits["oom"] == 0 and guarded.exits["refused_to_start"] == 0 and sum(guarded.restarts.values()) == 1
+    (page,) = guarded.page_texts
+    assert "other processes hold 4.0% of the GPU (pid 4242" in page and "--gpu-memory-utilization 0.87" in page
