@@ -457,6 +457,9 @@ def verdicts(results: list[Result]) -> list[str]:
     def lost(rs: list[Result]) -> int:
         return sum(r.outcomes["failed"] + r.outcomes["cut"] for r in rs)
 
+    def refused(rs: list[Result]) -> int:
+        return sum(r.outcomes["refused_429"] + r.outcomes["refused_503"] for r in rs)
+
     def p99(rs: list[Result], pick: Callable[[Result], list[float]]) -> float:
         return quantile([x for r in rs for x in pick(r)], 0.99)
 
@@ -468,8 +471,8 @@ def verdicts(results: list[Result]) -> list[str]:
             continue
         cut_by_restart = sum(r.cut_by_restart for r in g)
         ok = lost(g) <= lost(u) and cut_by_restart == 0
-        out.append(f"{name}: failed + cut guarded {lost(g)} vs unguarded {lost(u)}, cut by guardian's restarts "
-                   f"{cut_by_restart}: {'MET' if ok else 'NOT MET'}")  # fmt: skip
+        out.append(f"{name}: failed + cut guarded {lost(g)} vs unguarded {lost(u)} (refused after retries {refused(g)} vs "
+                   f"{refused(u)}), cut by guardian's restarts {cut_by_restart}: {'MET' if ok else 'NOT MET'}")  # fmt: skip
     g = [r for r in results if r.mode == "guarded" and not r.calm]
     ooms = sum(r.exits["oom"] for r in g)
     out.append(f"OOM deaths in guarded runs: {ooms}: {'MET' if ooms == 0 else 'NOT MET'}")
