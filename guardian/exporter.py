@@ -95,7 +95,25 @@ class Metrics:
         r.register(_SnapshotCollector(snapshot))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_WithoutCreated(self.registry))
+
+
+class _WithoutCreated:
+    """The registry's families without their ``*_created`` samples.
+
+    prometheus_client adds a creation timestamp to every counter and
+    histogram child: dozens of series no dashboard reads, which only cost
+    storage. Its switch for that is process-wide and would take them off the
+    simulator's vLLM page too, which keeps them because vLLM does.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
 
 
 class _SnapshotCollector:
@@ -517,6 +535,16 @@ def _round(value: float | None) -> float | None:
 # -- the server ----------------------------------------------------------------
 
 
+ENDPOINTS = {
+    "GET /metrics": "Prometheus scrape target (guardian_* metrics)",
+    "GET /healthz": "200 while polls complete on time, 503 otherwise",
+    "GET /status": "the last poll as JSON: engines, GPUs, leaks, breaker levels, tuner, gateway",
+    "POST /api/v1/breaker/ENGINE": "force or clear a breaker level (bearer token)",
+    "POST /api/v1/alerts/ack": "acknowledge an alert (bearer token)",
+    "POST /api/v1/alertmanager": "Alertmanager webhook receiver (bearer token)",
+}
+
+
 def make_app(
     metrics: Metrics,
     snapshot: Callable[[], Snapshot | None],
@@ -554,7 +582,13 @@ def make_app(
         code, doc = await api(token, request.match_info["path"], body)
         return web.json_response(doc, status=code)
 
+    async def get_index(_: web.Request) -> web.Response:
+        """What this listener serves, for whoever opens it in a browser or curls it first."""
+        served = dict(ENDPOINTS) if api is not None else {k: v for k, v in ENDPOINTS.items() if not k.startswith("POST")}
+        return web.json_response({"service": "vllm-guardian", "version": __version__, "endpoints": served}, dumps=_dumps)
+
     app = web.Application(client_max_size=1024 * 1024)  # Alertmanager batches alerts
+    app.router.add_get("/", get_index)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", get_healthz)
     app.router.add_get("/status", get_status)

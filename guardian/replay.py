@@ -137,9 +137,11 @@ def render(result: Replay) -> str:
             elif a.kind == "restart":
                 what = restart_text(a)
             elif a.kind == "gates":
-                what = f"gates for L{a.level}"
+                shut = a.details.get("shut")
+                what = f"gates for L{a.level}" + (f" (shut as at L{shut}: the request path's rules)" if shut not in (None, a.level) else "")
             elif a.kind == "tune":
-                what = f"tuner: batch {a.details.get('was') or '-'} -> {a.details.get('batch')} ({a.reason})"
+                who = "tuner: batch" if a.details.get("move") else "gateway cap (follows the KV pool)"
+                what = f"{who} {a.details.get('was') or '-'} -> {a.details.get('batch')} ({a.reason})"
             lines.append(f"{when}  {a.engine:<12}   action: {what}")
     return "\n".join(lines) if lines else "no decisions: the breaker stayed at L0 and nothing was done"
 

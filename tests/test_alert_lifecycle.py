@@ -98,7 +98,7 @@ def test_a_resolved_alert_sends_one_resolved_message_to_everyone_who_was_told() 
     c.fire(PAGE, firing=False)
     resolved = c.run(5)
     assert sorted(o.to.name for o in resolved) == ["alice", "bob"] and {o.kind for o in resolved} == {"resolved"}
-    assert resolved[0].facts == ("RESOLVED 14:00 UTC sim0 L3 free_reserve: free 5.4%",)
+    assert resolved[0].facts == ("RESOLVED 14:15 UTC sim0 L3 free_reserve (firing since 14:00 UTC, 15min)",)  # what ended, when
     assert c.run(3600) == [] and c.state.alerts == {}
 
 

@@ -80,6 +80,8 @@ async def test_metrics_status_and_healthz_over_http(cluster: SimCluster, http: a
             text = await resp.text()
         async with http.get(base + "/status") as resp:
             status = await resp.json()
+        async with http.get(base + "/") as resp:
+            index = await resp.json()
         async with http.get(base + "/healthz") as resp:
             assert resp.status == 200
         daemon.last_poll_monotonic = time.monotonic() - 10  # the loop stalled for 3+ intervals
@@ -91,6 +93,8 @@ async def test_metrics_status_and_healthz_over_http(cluster: SimCluster, http: a
     assert 'guardian_gpu_memory_total_bytes{gpu="0"} 8.5520809984e+10' in text
     assert "guardian_poll_duration_seconds_count 1.0" in text
     assert 'guardian_build_info{python=' in text
+    assert "_created" not in text  # prometheus_client's creation timestamps: series nobody reads
+    assert {"GET /metrics", "GET /status", "POST /api/v1/breaker/ENGINE"} <= set(index["endpoints"])
     assert status["engines"][0]["name"] == "sim0" and status["engines"][0]["block_size"] == 16
     assert status["gpus"][0]["memory_total_gib"] == pytest.approx(79.647, abs=0.01)
 

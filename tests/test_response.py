@@ -240,3 +240,12 @@ def test_an_own_leak_in_known_steps_is_restarted_only_when_the_next_step_would_n
     (restart,) = run.restarts()
     assert restart.details["gpu_memory_utilization"] is None
     assert run.kinds()[-2:] == ["notify:warning", "restart"] and "action: drained restart" in run.actions[-2][1].details["text"]
+
+
+def test_messages_are_exact_no_negative_zero_and_a_forced_warning_says_what_changed() -> None:
+    run = Run().feed(BP.l2_sustain_seconds + 1, ev(kv_usage=0.95, over_budget_ratio=-0.00004))
+    warning = next(a for _, a in run.actions if a.kind == "notify")
+    assert "over budget 0.0%" in warning.details["more"] and "-0.0" not in warning.details["more"]
+    out = command(EngineState(), Command("force", "e", "alice", 2), 0.0)
+    (forced,) = [a for a in out.actions if a.kind == "notify"]
+    assert forced.details["severity"] == "warning" and forced.details["text"] == "L0 -> L2"

@@ -200,7 +200,11 @@ def _message(to: Contact, items: list[tuple[Kind, Tracked]], now: float, zone: t
     top = max((t.alert.severity for t in firing), key=RANK.__getitem__, default="info")
     facts: list[str] = []
     for kind, t in items:
-        tag = "RESOLVED" if kind == "resolved" else t.alert.severity.upper()
+        if kind == "resolved":  # what is over and when, not the firing text again
+            headline = t.alert.summary.split(":")[0]
+            facts.append(f"RESOLVED {_clock(now, zone)} {headline} (firing since {_clock(t.first_seen, zone)}, {_span(now - t.first_seen)})")
+            continue
+        tag = t.alert.severity.upper()
         again = {"repeat": " (still firing", "escalation": " (not acknowledged"}.get(kind, "")
         if again:
             again += f" after {_span(now - t.first_seen)})"

@@ -175,7 +175,8 @@ def on_transition(name: str, tr: Transition, shut: Level | None = None) -> list[
         if tr.source == Level.L0:
             actions.append(Action("reset_prefix_cache", name, int(tr.target), tr.rule))
         severity: Severity = "page" if tr.target == Level.L3 else "warning"
-        actions.append(_notify(name, tr.target, severity, tr.rule, *numbers_text(tr.rule, tr.numbers)))
+        text, more = numbers_text(tr.rule, tr.numbers)
+        actions.append(_notify(name, tr.target, severity, tr.rule, text or f"L{int(tr.source)} -> L{int(tr.target)}", more))
     elif tr.target == Level.L0:
         actions.append(_notify(name, tr.target, "info", tr.rule, f"back to L0 from L{int(tr.source)}"))
     elif tr.forced:
@@ -353,7 +354,7 @@ def _number(key: str, value: float | int) -> str:
     label = {"kv_usage": "kv", "health_failures": "polls without an answer", "preemptions_per_second": "preemptions/s"}.get(
         key, key.removesuffix("_ratio").replace("_", " "))  # fmt: skip
     if key.endswith("_ratio") or key == "kv_usage":
-        return f"{label} {value * 100:.1f}%"
+        return f"{label} {round(value * 100, 1) + 0.0:.1f}%"  # + 0.0: no "-0.0%" for a hair below zero"
     return f"{label} {value:.3g}" if isinstance(value, float) else f"{label} {value}"
 
 
