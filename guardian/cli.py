@@ -103,6 +103,18 @@ def _parser() -> argparse.ArgumentParser:
     brk.add_argument("level", nargs="?", type=int, choices=[0, 1, 2, 3], help="for force: the level to pin")
     _operator_args(brk)
 
+    status = sub.add_parser(
+        "status",
+        help="the running guardian at a glance: engines, GPUs, gateway, alerts, last actions",
+        description="Read a running guardian's /status and show it on one 80-column screen: each engine's phase, breaker "
+        "level and why, restarts left, KV and P99 TTFT; the GPUs and suspected leaks; the gateway's queues and gates; "
+        "firing alerts and who acknowledged them; the last actions. The address is the config's [guardian] listen.",
+    )
+    status.add_argument("--config", "-c", type=Path, default=DEFAULT_CONFIG, metavar="PATH", help=f"the running guardian's config (default: {DEFAULT_CONFIG})")
+    status.add_argument("--url", metavar="URL", help="guardian's HTTP address instead, e.g. http://127.0.0.1:9400")
+    status.add_argument("--json", action="store_true", help="print /status as JSON instead")
+    status.add_argument("--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C")
+
     ack = sub.add_parser(
         "ack",
         help="acknowledge a firing alert: no more repeats or escalation",
@@ -190,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             "replay": _replay,
             "breaker": _breaker,
             "ack": _ack,
+            "status": _status,
             "test-alert": _test_alert,
             "tune": _tune,
             "report": _report,
@@ -218,7 +231,8 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     record = SampleRecorder(args.record, int(args.record_max_mb * 2**20), args.record_keep) if args.record else None
     try:
-        asyncio.run(Daemon(config, args.config, record=record, dry_run=args.dry_run).run())
+        on_terminal = sys.stderr if sys.stderr.isatty() else None  # under systemd the journal has the JSON log
+        asyncio.run(Daemon(config, args.config, record=record, dry_run=args.dry_run, summary_to=on_terminal).run())
     except StartupError as exc:
         print(f"guardian: {exc}", file=sys.stderr)
         return 1
@@ -511,6 +525,35 @@ def _ack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _base_url(config: cfg.Config) -> str:
+    """Where the running guardian of this config answers (a wildcard listen is reached on loopback)."""
+    host, port = cfg.parse_listen(config.guardian.listen)
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+def _status(args: argparse.Namespace) -> int:
+    import time
+
+    from guardian import status_view
+
+    url = args.url or _base_url(_load_or_exit(args.config))
+    while True:
+        try:
+            doc = status_view.fetch(url)
+        except status_view.Unreachable as exc:
+            print(f"guardian status: {exc}", file=sys.stderr)
+            if not args.watch:
+                return 1
+            doc = None
+        if doc is not None:
+            text = json.dumps(doc, indent=2) if args.json else status_view.render(doc)
+            print(("\x1b[H\x1b[2J" if args.watch and sys.stdout.isatty() else "") + text, flush=True)
+        if not args.watch:
+            return 0
+        time.sleep(args.watch)
+
+
 def _call_api(command: str, config_path: Path, path: str, body: dict[str, object]) -> dict[str, Any] | int:
     """POST to the running guardian's API with the token from its config; an exit code when that fails."""
     import urllib.error
@@ -525,9 +568,7 @@ def _call_api(command: str, config_path: Path, path: str, body: dict[str, object
     if token is None:
         print(f"guardian {command}: {config_path} sets no guardian.api_token_file: the API is off", file=sys.stderr)
         return 2
-    host, port = cfg.parse_listen(config.guardian.listen)
-    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/api/v1/{path}"
+    url = f"{_base_url(config)}/api/v1/{path}"
     request = urllib.request.Request(
         url, data=json.dumps(body).encode(), method="POST",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},

@@ -20,11 +20,12 @@ import asyncio
 import hmac
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any, Mapping, TextIO
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -56,7 +57,8 @@ from guardian.policy.response import Action, Command
 from guardian.record import SampleRecorder
 from guardian.sample import EngineReading, NvmlReading, ProcReading, Sample
 from guardian.sdnotify import Notifier, watchdog_interval
-from guardian.snapshot import PolicyView, Snapshot
+from guardian.snapshot import ActionView, AlertView, PolicyView, Snapshot
+from guardian.summary_line import summary
 from guardian.sources.nvml import NvmlSource
 from guardian.sources.offloop import OffloopWorker, WorkerBusy
 from guardian.sources.process import ProcessSource
@@ -69,6 +71,8 @@ log = logs.get("guardian.daemon")
 STATE_FILE = "state.json"
 ALERTS_FILE = "alerts.json"
 NOTIFY_EVERY_SECONDS = 1.0
+LAST_ACTIONS = 8  # kept for /status and guardian status
+SUMMARY_EVERY_SECONDS = 5.0
 LOG_ONLY = Contact("log", "-")  # the recipient when no on-call list is configured: messages are only logged
 
 REPEAT_FAILURE_LOG_EVERY = 60  # polls: a persisting failure is logged again this often
@@ -118,8 +122,10 @@ class Daemon:
         launchers: Mapping[str, Launcher] | None = None,
         gateway: Gateway | None = None,
         deliverers: Mapping[str, Deliverer] | None = None,
+        summary_to: TextIO | None = None,
     ) -> None:
         self.config = config
+        self._summary_to = summary_to  # a terminal: one line of what moved every SUMMARY_EVERY_SECONDS
         self.config_path = Path(config_path) if config_path else None
         self._nvml_module = nvml_module
         self.notifier = notifier or Notifier()
@@ -157,6 +163,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._ready_sent = False
         self._resuming: asyncio.Task[None] | None = None
+        self._actions: deque[ActionView] = deque(maxlen=LAST_ACTIONS)  # for /status and guardian status
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -208,11 +215,21 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         try:
             await self.start()
+            summary = asyncio.create_task(self._print_summaries()) if self._summary_to is not None else None
             await self._stop.wait()
+            if summary is not None:
+                summary.cancel()
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
             await self.close()
+
+    async def _print_summaries(self) -> None:
+        """On a terminal the JSON log says little after start: a line of what moved, like the demo's."""
+        started = time.monotonic()
+        while True:
+            await asyncio.sleep(SUMMARY_EVERY_SECONDS)
+            print(summary(self.snapshot, time.monotonic() - started), file=self._summary_to, flush=True)
 
     def request_stop(self, why: str = "requested") -> None:
         if not self._stop.is_set():
@@ -411,6 +428,9 @@ class Daemon:
             policy=self._policy_view(),
             costs=result.costs,
             marginals={n: m for n in result.costs if (m := self.pipeline.marginal(n)) is not None},
+            gateway=self.gateway.views() if self.gateway is not None else {},
+            alerts=self._alert_views(),
+            actions=tuple(self._actions),
         )
         self.last_poll_monotonic = time.monotonic()
         self.metrics.polls.inc()
@@ -454,6 +474,13 @@ class Daemon:
 
     def _on_outcome(self, action: Action, outcome: Outcome) -> None:
         self.metrics.actions.labels(action.engine, action.kind, outcome.status).inc()
+        self._actions.append(ActionView(time.time(), action.engine, action.kind, action.reason, outcome.status, outcome.detail))
+
+    def _alert_views(self) -> tuple[AlertView, ...]:
+        if self.notifications is None:
+            return ()
+        return tuple(AlertView(t.alert.key, t.alert.severity, t.firing, t.first_seen, t.acked_by, t.notified_at is not None, t.alert.summary)
+                     for t in self.notifications.state.alerts.values())  # fmt: skip
 
     def _policy_view(self) -> PolicyView:
         return PolicyView(

@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import TextIO
 
 from guardian import config as cfg
-from guardian.analysis.engine_stats import count_text, seconds_text
 from guardian.daemon import Daemon
 from guardian.record import SampleRecorder
 from guardian.sim import scenarios
 from guardian.sim.cluster import SimCluster
 from guardian.sim.launcher import SimLauncher
-from guardian.snapshot import Snapshot
+from guardian.summary_line import summary
 
 
 # A simulated engine loads in seconds and its memory has no background: the
@@ -135,35 +134,6 @@ async def run_demo(
     return 0
 
 
-def summary(snap: Snapshot | None, elapsed: float) -> str:
-    """One line per few seconds: what moved."""
-    if snap is None:
-        return f"[{elapsed:5.0f}s] waiting for the first poll"
-    parts = []
-    for name, sig in snap.engines.items():
-        level = _level_text(snap, name)
-        if not sig.up:
-            parts.append(f"{name}: {level}DOWN")
-            continue
-        e2e = sig.latency.get("e2e")
-        parts.append(
-            f"{name}: {level}{sig.brief()} e2e {seconds_text(e2e.p99 if e2e else None)} "
-            f"{count_text(sig.generation_tokens_per_second)} tok/s"
-        )
-    for gpu in snap.nvml.gpus:
-        if gpu.memory_used_bytes is None or gpu.memory_total_bytes is None:
-            parts.append(f"GPU{gpu.index}: {gpu.error or 'unknown'}")
-            continue
-        util = f"{gpu.utilization_gpu_ratio * 100:.0f}%" if gpu.utilization_gpu_ratio is not None else "?"
-        parts.append(
-            f"GPU{gpu.index}: {gpu.memory_used_bytes / 2**30:.1f}/{gpu.memory_total_bytes / 2**30:.1f} GiB util {util}"
-            + _leak_text(snap, f"gpu/{gpu.index}/used")
-        )
-    if not snap.nvml.ok:
-        parts.append(f"NVML: {snap.nvml.error}")
-    return f"[{elapsed:5.0f}s] " + " | ".join(parts)
-
-
 def _gateway_text(daemon: Daemon) -> str:
     """The gateway's queues and what its gates refused so far, when the breaker has shut any."""
     gw = daemon.gateway
@@ -192,20 +162,3 @@ def _gateway_text(daemon: Daemon) -> str:
     if refused:
         text += " refused " + " ".join(f"{k} {v}" for k, v in sorted(refused.items()))
     return text
-
-
-def _level_text(snap: Snapshot, name: str) -> str:
-    state = snap.policy.states.get(name) if snap.policy else None
-    if state is None:
-        return ""
-    restarting = " restarting" if snap.policy and name in snap.policy.restarting else ""
-    return f"L{int(state.breaker.level)}{restarting} "
-
-
-def _leak_text(snap: Snapshot, series: str) -> str:
-    report = snap.memory.leaks.get(series) if snap.memory else None
-    if report is None or report.warming_up:
-        return ""
-    held = len(report.held_steps)
-    text = f" steps {held} (+{report.overhang / 2**30:.1f} GiB)" if held else ""
-    return text + (" LEAK SUSPECTED" if report.leak else "")

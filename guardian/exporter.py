@@ -400,7 +400,9 @@ def status(snap: Snapshot | None, started_wall: float, interval: float) -> dict[
             name: {
                 "level": int(st.breaker.level),
                 "since": None if st.breaker.since is None else _iso(s.wall_at(st.breaker.since)),
+                "rule": st.breaker.rule or None,
                 "forced_by": st.breaker.forced_by if st.breaker.forced else None,
+                "gates_shut_as": f"L{int(st.breaker.shut)}",
                 "restarts_in_window": len(st.restarts),
                 "restart_budget_left": snap.policy.budget_left.get(name),
                 "restart_in_progress": name in snap.policy.restarting,
@@ -410,6 +412,23 @@ def status(snap: Snapshot | None, started_wall: float, interval: float) -> dict[
             }
             for name, st in snap.policy.states.items()
         }
+    if snap.gateway:
+        loads = {g.engine: g for g in s.gateway}
+        out["gateway"] = {
+            name: {"in_flight": loads[name].in_flight if name in loads else None, "queued": loads[name].queued if name in loads else None,
+                   "cap": loads[name].cap if name in loads else None, "gates": v.gates, "routed": v.routed, "why_not": v.why_not,
+                   "refused": v.refused}
+            for name, v in snap.gateway.items()
+        }  # fmt: skip
+    out["alerts"] = [
+        {"key": a.key, "severity": a.severity, "firing": a.firing, "since": _iso(a.since), "acked_by": a.acked_by,
+         "told": a.told, "summary": a.summary}
+        for a in snap.alerts
+    ]  # fmt: skip
+    out["last_actions"] = [
+        {"at": _iso(a.at), "engine": a.engine, "kind": a.kind, "reason": a.reason, "outcome": a.outcome, "detail": a.detail}
+        for a in snap.actions
+    ]
     if snap.costs:
         out["cost"] = {
             name: {

@@ -28,6 +28,41 @@ class PolicyView:
 
 
 @dataclass(frozen=True, slots=True)
+class AlertView:
+    """An alert of the lifecycle as an operator needs it at a glance."""
+
+    key: str
+    severity: str
+    firing: bool
+    since: float  # unix seconds
+    acked_by: str | None
+    told: bool  # a message has gone out
+    summary: str
+
+
+@dataclass(frozen=True, slots=True)
+class ActionView:
+    """One action carried out (or refused), with its outcome."""
+
+    at: float  # unix seconds
+    engine: str
+    kind: str
+    reason: str
+    outcome: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayView:
+    """The gateway in front of one engine: its gates and whether it routes there."""
+
+    gates: str  # open, long contexts refused, low lane paused, high priority only
+    routed: bool
+    why_not: str | None
+    refused: int  # requests answered 429/503 by the gateway since start
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     sample: Sample
     engines: dict[str, EngineSignals]
@@ -38,6 +73,9 @@ class Snapshot:
     policy: PolicyView | None = None
     costs: dict[str, Cost] = field(default_factory=dict)
     marginals: dict[str, Marginal] = field(default_factory=dict)  # the latest judgement of a larger batch, per engine
+    gateway: dict[str, GatewayView] = field(default_factory=dict)  # per engine; empty without a gateway
+    alerts: tuple[AlertView, ...] = ()
+    actions: tuple[ActionView, ...] = ()  # the latest, oldest first
 
     @property
     def nvml(self) -> NvmlReading:

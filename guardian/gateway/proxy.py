@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter as CounterOf
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -42,6 +43,7 @@ from guardian.gateway.admission import Admission, Lane, Refusal
 from guardian.listener import ListenerLimits, ListenerMetrics, serve
 from guardian.policy.buckets import BadRequest, Bucket, choose, prompt_tokens
 from guardian.sample import GatewayLoad
+from guardian.snapshot import GatewayView
 
 log = logs.get("guardian.gateway")
 
@@ -137,6 +139,7 @@ class GatewayServer:
                           for name in self.upstreams}  # fmt: skip
         self.gates = {name: Gates() for name in self.upstreams}
         self.down: dict[str, str] = {}  # engines not to route to, and why (dead, starting, unresponsive, refused)
+        self.refused: CounterOf[str] = CounterOf()  # requests the gateway answered 429/503 itself, per engine
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
@@ -202,6 +205,11 @@ class GatewayServer:
         elif self.down.get(engine) != why:
             self.down[engine] = why
             log.warning("gateway_engine_skipped", engine=engine, reason=why)
+
+    def views(self) -> dict[str, GatewayView]:
+        """Per engine, for ``/status`` and ``guardian status``: gates, routing, refusals."""
+        return {name: GatewayView(_gates_text(self.gates[name]), name not in self.down, self.down.get(name), self.refused[name])
+                for name in self.admission}  # fmt: skip
 
     def loads(self) -> tuple[GatewayLoad, ...]:
         """What the poll records of the gateway: per engine, its queue, in-flight requests and cap."""
@@ -290,6 +298,7 @@ class GatewayServer:
                                           RETRY_AFTER_NO_ENGINE_SECONDS))  # fmt: skip
         if self.gates[engine].refuse_long_context and choice.tokens > s.long_context_tokens:
             self.metrics.requests.labels(lane, bucket, "refused_long").inc()
+            self.refused[engine] += 1
             return Turned.refused(Refusal(503, f"long-context requests (about {choice.tokens} tokens, above "
                                                f"{s.long_context_tokens}) are refused while {engine} is at "
                                                f"{self.gates[engine].why()}", 60))  # fmt: skip
@@ -301,6 +310,7 @@ class GatewayServer:
         self._gauges(engine)
         if refusal is not None:
             self.metrics.requests.labels(lane, bucket, f"refused_{refusal.status}").inc()
+            self.refused[engine] += 1
             return Turned.refused(refusal)
         return Seat(engine, lane, bucket, choice.tokens)
 
@@ -389,6 +399,17 @@ class GatewayServer:
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": status}},
                              status=status, headers=headers)  # fmt: skip
+
+
+def _gates_text(g: Gates) -> str:
+    why = g.why().removeprefix("breaker ")
+    if g.high_priority_only:
+        return f"high priority only: {why}"
+    if g.pause_low_priority:
+        return f"low lane paused: {why}"
+    if g.refuse_long_context:
+        return f"long contexts refused: {why}"
+    return "open"
 
 
 def _too_large(limit: int) -> web.Response:

@@ -141,6 +141,7 @@ class BreakerState:
     forced_by: str | None = None  # who pinned the level: an operator, or the restart budget
     shut: Level = Level.L0  # the level whose gates are shut (see the module doc: memory rules shut none)
     open_since: float | None = None  # since when the request path has been calmer than the shut gates
+    rule: str = ""  # why the level is what it is: the rule of the transition into it
 
 
 # memory outside vLLM's pool: requests waiting at the gateway do not relieve it, so these rules shut no gates
@@ -252,7 +253,7 @@ def step(state: BreakerState, e: Evidence, t: float, p: BreakerParams) -> tuple[
     shut, open_since = _gates(state, Level(max([state.shut, *lanes])), e, t, p)
     if target > state.level:
         transition = Transition(t, state.level, target, rule, evidence_numbers(e))
-        return BreakerState(level=target, since=t, pending=pending, shut=shut, open_since=open_since), transition
+        return BreakerState(level=target, since=t, pending=pending, shut=shut, open_since=open_since, rule=rule), transition
     state = replace(state, shut=shut, open_since=open_since)
     stays, unknown = _stays(state.level, e, p)
     if state.level == Level.L0 or stays is not False:
@@ -262,7 +263,7 @@ def step(state: BreakerState, e: Evidence, t: float, p: BreakerParams) -> tuple[
         lower = Level(state.level - 1)
         rule = f"recovered ({', '.join(unknown)} unknown)" if unknown else "recovered"
         transition = Transition(t, state.level, lower, rule, evidence_numbers(e))
-        return BreakerState(level=lower, since=t, pending=pending, shut=min(state.shut, lower)), transition
+        return BreakerState(level=lower, since=t, pending=pending, shut=min(state.shut, lower), rule=rule), transition
     return replace(state, pending=pending, clear_since=clear_since), None
 
 
@@ -297,10 +298,10 @@ def _request_path_holding(e: Evidence, p: BreakerParams, shut: Level) -> Level:
 def force(state: BreakerState, level: Level, t: float, who: str) -> tuple[BreakerState, Transition]:
     """Pin ``level`` until ``clear``: an operator's decision wins over the rules."""
     transition = Transition(t, state.level, level, f"forced by {who}", {}, forced=True)
-    return BreakerState(level=level, since=t, forced=True, forced_by=who, shut=level), transition
+    return BreakerState(level=level, since=t, forced=True, forced_by=who, shut=level, rule=transition.rule), transition
 
 
 def clear(state: BreakerState, t: float, who: str) -> tuple[BreakerState, Transition]:
     """Release a forced level: back to L0, and the rules decide again from fresh evidence."""
     transition = Transition(t, state.level, Level.L0, f"cleared by {who}", {}, forced=True)
-    return BreakerState(level=Level.L0, since=t), transition
+    return BreakerState(level=Level.L0, since=t, rule=transition.rule), transition
