@@ -53,8 +53,9 @@ def render(doc: dict[str, Any], now: float | None = None) -> str:
         if b.get("restart_in_progress"):
             restarts = "restarting"
         ttft = ((e.get("latency_ms") or {}).get("ttft") or {}).get("p99")
-        lines.append(f"{e['name']:<12.12} {(e.get('phase') or ('up' if e.get('up') else 'down')):<12} {level:<24.24} "
-                     f"{restarts:<9} {_pct(e.get('kv_cache_usage_percent')):>4} {_ms(ttft):>9}")  # fmt: skip
+        phase = e.get("phase") or ("up" if e.get("up") else "down")
+        kv, p99 = _shown(e.get("kv_cache_usage_percent"), "{:.0f}%"), _shown(ttft, "{:.0f} ms")
+        lines.append(f"{e['name']:<12.12} {phase:<12} {level:<24.24} {restarts:<9} {kv:>4} {p99:>9}")
         if e["name"] in tuner:
             t = tuner[e["name"]]
             held = f", holding: {t['holding']}" if t.get("holding") else ""
@@ -63,20 +64,21 @@ def render(doc: dict[str, Any], now: float | None = None) -> str:
             lines.append(f"  {e['error']}")
     lines += ["", f"{'GPU':<4} {'MEMORY USED / TOTAL':<22} {'UTIL':>5} {'TEMP':>6}  NOTE"]
     for g in doc.get("gpus", []):
-        memory = f"{_num(g.get('memory_used_gib'))} / {_num(g.get('memory_total_gib'))} GiB"
+        memory = f"{_shown(g.get('memory_used_gib'), '{:.1f}')} / {_shown(g.get('memory_total_gib'), '{:.1f}')} GiB"
         temp = f"{g['temperature_celsius']:.0f} C" if g.get("temperature_celsius") is not None else "-"
-        lines.append(f"{g['index']:<4} {memory:<22} {_pct(g.get('utilization_percent')):>5} {temp:>6}  {g.get('error') or ''}")
+        util = _shown(g.get("utilization_percent"), "{:.0f}%")
+        lines.append(f"{g['index']:<4} {memory:<22} {util:>5} {temp:>6}  {g.get('error') or ''}")
     leaks = [(series, m) for series, m in (doc.get("memory") or {}).items() if m.get("leak_suspected") or m.get("steps_held")]
     for series, m in leaks:
         steps = len(m.get("steps_held") or [])
         verdict = "LEAK suspected" if m.get("leak_suspected") else "steps held"
-        lines.append(f"  {series}: {verdict}, {steps} step(s), overhang {_num(m.get('overhang_gib'))} GiB")
+        lines.append(f"  {series}: {verdict}, {steps} step(s), overhang {_shown(m.get('overhang_gib'), '{:.1f}')} GiB")
     if "gateway" in doc:
         lines += ["", f"{'GATEWAY':<10} {'FLIGHT':>6} {'QUEUE':>5} {'CAP':>4} {'REFUSED':>7}  GATES"]
         for name, g in doc["gateway"].items():
             gates = g["gates"] if g.get("routed", True) else f"not routed: {g.get('why_not')}"
-            lines.append(f"{name:<10.10} {_int(g.get('in_flight')):>6} {_int(g.get('queued')):>5} {_int(g.get('cap')):>4} "
-                         f"{_int(g.get('refused')):>7}  {gates}")  # fmt: skip
+            counts = [_shown(g.get(k), '{}') for k in ("in_flight", "queued", "cap", "refused")]
+            lines.append(f"{name:<10.10} {counts[0]:>6} {counts[1]:>5} {counts[2]:>4} {counts[3]:>7}  {gates}")
     firing = [a for a in doc.get("alerts", []) if a.get("firing")]
     lines += ["", "ALERTS: " + ("none firing" if not firing else f"{len(firing)} firing")]
     for a in sorted(firing, key=lambda a: (a["severity"] != "page", a["since"])):
@@ -137,17 +139,5 @@ def _span(seconds: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}%"
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f} ms"
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
-def _int(value: int | None) -> str:
-    return "-" if value is None else str(value)
+def _shown(value: float | None, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
