@@ -16,6 +16,7 @@ from guardian import logs
 from guardian.sim import scenarios
 
 DEFAULT_CONFIG = Path("/etc/vllm-guardian/guardian.toml")
+NO_ENGINES = ("no [[engines]]: guardian would watch nothing", 'add one: [[engines]] name = "llama-8b" url = "http://127.0.0.1:8000"')
 
 DESCRIPTION = """\
 vllm-guardian watches vLLM servers and the GPUs under them: NVML memory and
@@ -229,6 +230,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.record_max_mb <= 0 or args.record_keep < 0:
         print("guardian run: --record-max-mb must be above 0 and --record-keep at least 0", file=sys.stderr)
         return 2
+    if not config.engines:
+        print(f"guardian run: {args.config}: engines: {NO_ENGINES[0]}\n    fix: {NO_ENGINES[1]}", file=sys.stderr)
+        return 2
     record = SampleRecorder(args.record, int(args.record_max_mb * 2**20), args.record_keep) if args.record else None
     try:
         on_terminal = sys.stderr if sys.stderr.isatty() else None  # under systemd the journal has the JSON log
@@ -241,7 +245,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     config = _load_or_exit(args.path)
-    problems = []
+    problems = [("engines", *NO_ENGINES)] if not config.engines else []
     for key, path in config.secret_files():
         try:
             mode = path.stat().st_mode

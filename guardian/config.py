@@ -8,6 +8,7 @@ on a host at night, not someone who can read a pydantic traceback.
 from __future__ import annotations
 
 import dataclasses
+import json
 import difflib
 import ipaddress
 import os
@@ -54,6 +55,18 @@ class Problem(ValueError):
 
     def __init__(self, message: str, fix: str) -> None:
         super().__init__(f"{message}\x00{fix}")
+
+
+class Problems(ValueError):
+    """Every problem one validator found, so ``check-config`` lists them all in one pass, not the first."""
+
+    def __init__(self, found: list[tuple[str, str]]) -> None:
+        super().__init__("\x01".join(f"{message}\x00{fix}" for message, fix in found))
+
+
+def _refuse(found: list[tuple[str, str]]) -> None:
+    if found:
+        raise Problems(found)
 
 
 def _time_zone(value: str) -> str:
@@ -490,12 +503,14 @@ class NotifySection(_Model):
 
     @model_validator(mode="after")
     def _channels(self) -> NotifySection:
+        found = []
         if "sms" in self.channels and self.sms is None:
-            raise Problem('channels has "sms" but there is no [notify.sms]', "add [notify.sms] with account_sid and from_number")
+            found.append(('channels has "sms" but there is no [notify.sms]', "add [notify.sms] with account_sid and from_number"))
         if "webhook" in self.channels and self.webhook is None:
-            raise Problem('channels has "webhook" but there is no [notify.webhook]', "add [notify.webhook] with url")
+            found.append(('channels has "webhook" but there is no [notify.webhook]', "add [notify.webhook] with url"))
         if self.channels and not self.oncall:
-            raise Problem("channels are set but [[notify.oncall]] names nobody", 'add [[notify.oncall]] name = "…" number = "+…"')
+            found.append(("channels are set but [[notify.oncall]] names nobody", 'add [[notify.oncall]] name = "…" number = "+…"'))
+        _refuse(found)
         return self
 
     @property
@@ -602,9 +617,8 @@ class Config(_Model):
     @classmethod
     def _breaker(cls, params: BreakerParams) -> BreakerParams:
         _positive("breaker", params)
-        for f in dataclasses.fields(params):
-            if f.name.endswith("_ratio") and getattr(params, f.name) >= 1:
-                raise Problem(f"breaker.{f.name} = {getattr(params, f.name)} is not below 1", "ratios are fractions: 0.35 is 35%")
+        found = [(f"breaker.{f.name} = {getattr(params, f.name)} is not below 1", "ratios are fractions: 0.35 is 35%")
+                 for f in dataclasses.fields(params) if f.name.endswith("_ratio") and getattr(params, f.name) >= 1]  # fmt: skip
         pairs = [
             ("l1_exit_fragmentation_ratio", "l1_enter_fragmentation_ratio"),
             ("l2_exit_kv_usage_ratio", "l2_enter_kv_usage_ratio"),
@@ -612,17 +626,18 @@ class Config(_Model):
         ]
         for leave, enter in pairs:
             if getattr(params, leave) >= getattr(params, enter):
-                raise Problem(
+                found.append((
                     f"{leave} ({getattr(params, leave)}) is not below {enter} ({getattr(params, enter)}): "
                     "the level would flap on every poll",
                     f"set {leave} below {getattr(params, enter)}, e.g. {round(getattr(params, enter) * 0.85, 2)}",
-                )
+                ))  # fmt: skip
         if params.l3_exit_free_ratio <= params.l3_free_reserve_ratio:
-            raise Problem(
+            found.append((
                 f"l3_exit_free_ratio ({params.l3_exit_free_ratio}) is not above l3_free_reserve_ratio "
                 f"({params.l3_free_reserve_ratio}): L3 would be left as soon as it is entered",
                 f"set l3_exit_free_ratio above {params.l3_free_reserve_ratio}, e.g. {params.l3_free_reserve_ratio + 0.05:.2f}",
-            )
+            ))  # fmt: skip
+        _refuse(found)
         return params
 
     @field_validator("leak")
@@ -645,25 +660,25 @@ class Config(_Model):
             raise Problem("[gateway] has no engine to send requests to", "add [[engines]]")
         names = {e.name for e in self.engines}
         pools = [(f"gateway bucket {b.name!r}", b.engines) for b in self.gateway.buckets]
-        for where, engines in pools + [("gateway.high_priority_engines", self.gateway.high_priority_engines)]:
-            unknown = [e for e in engines if e not in names]
-            if unknown:
-                raise Problem(f"{where} names engines that are not configured: {', '.join(unknown)}",
-                              f"use names of [[engines]]: {', '.join(sorted(names))}")  # fmt: skip
+        found = [(f"{where} names engines that are not configured: {', '.join(unknown)}",
+                  f"use names of [[engines]]: {', '.join(sorted(names))}")
+                 for where, engines in pools + [("gateway.high_priority_engines", self.gateway.high_priority_engines)]
+                 if (unknown := [e for e in engines if e not in names])]  # fmt: skip
+        _refuse(found)
         return self
 
     @model_validator(mode="after")
     def _presets_and_tuner(self) -> Config:
         known = sorted(set(BUILTIN_PRESETS) | set(self.presets))
-        for i, engine in enumerate(self.engines):
-            if engine.preset is not None and engine.preset not in known:
-                raise Problem(f"engines[{i}].preset {engine.preset!r} is not a preset", f"use one of {', '.join(known)}")
+        found = [(f"engines[{i}].preset {engine.preset!r} is not a preset", f"use one of {', '.join(known)}")
+                 for i, engine in enumerate(self.engines) if engine.preset is not None and engine.preset not in known]  # fmt: skip
         if self.tuner is not None:
             names = {e.name for e in self.engines}
             unknown = [e for e in self.tuner.engines if e not in names]
             if unknown:
-                raise Problem(f"tuner.engines names engines that are not configured: {', '.join(unknown)}",
-                              f"use names of [[engines]]: {', '.join(sorted(names))}")  # fmt: skip
+                found.append((f"tuner.engines names engines that are not configured: {', '.join(unknown)}",
+                              f"use names of [[engines]]: {', '.join(sorted(names))}"))  # fmt: skip
+        _refuse(found)
         return self
 
     def preset(self, name: str) -> PresetSection:
@@ -804,7 +819,7 @@ def loads(text: str, path: str = "<config>") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(path, [_issue(err) for err in exc.errors()]) from None
+        raise ConfigError(path, [issue for err in exc.errors() for issue in _issues(err)]) from None
 
 
 def _key(loc: tuple[Any, ...]) -> str:
@@ -835,6 +850,34 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str]:
     return list(_field_types(model))
 
 
+def _model_at(loc: tuple[Any, ...]) -> Any:
+    """The model (pydantic or dataclass) that holds the key at ``loc``'s end; None when it cannot be told."""
+    model: Any = Config
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        annotation = _field_types(model).get(part)
+        model = _model_in(annotation) if annotation is not None else None
+        if model is None:
+            return None
+    return model
+
+
+def _type_fix(loc: tuple[Any, ...]) -> str:
+    """A fix that names the key's default, which has the right type (the package ships no example config)."""
+    model, name = _model_at(loc), str(loc[-1]) if loc else ""
+    default: Any = dataclasses.MISSING
+    if model is not None and dataclasses.is_dataclass(model):
+        default = next((f.default for f in dataclasses.fields(model) if f.name == name), dataclasses.MISSING)
+    elif model is not None and name in getattr(model, "model_fields", {}):
+        field = model.model_fields[name]
+        default = dataclasses.MISSING if field.is_required() else field.default
+    if default is dataclasses.MISSING or default is None or isinstance(default, (dict, list, BaseModel)):
+        return f"write {name} with the type the README's configuration table gives"
+    shown = json.dumps(str(default)) if isinstance(default, (str, Path)) else repr(default).lower() if isinstance(default, bool) else repr(default)
+    return f"write it like its default: {name} = {shown}"
+
+
 def _model_in(annotation: Any) -> Any:
     if isinstance(annotation, type) and (issubclass(annotation, BaseModel) or dataclasses.is_dataclass(annotation)):
         return annotation
@@ -845,16 +888,25 @@ def _model_in(annotation: Any) -> Any:
     return None
 
 
-def _issue(err: Any) -> ConfigIssue:
+def _issues(err: Any) -> list[ConfigIssue]:
+    """One pydantic error as config issues: a validator's ``Problems`` are several."""
+    message = str(err["msg"])
+    if err["type"] == "value_error" and "\x00" in message:
+        key = _key(_location(err))
+        return [ConfigIssue(key, *text.split("\x00", 1)) for text in message.removeprefix("Value error, ").split("\x01")]
+    return [_issue(err)]
+
+
+def _location(err: Any) -> tuple[Any, ...]:
     # drop pydantic's union-member tags ("int", "list[…]") from the location
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in ("int", "str", "float"))))
+    return tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in ("int", "str", "float"))))
+
+
+def _issue(err: Any) -> ConfigIssue:
+    loc = _location(err)
     key = _key(loc)
     kind = err["type"]
     message = str(err["msg"])
-    if kind == "value_error" and "\x00" in message:
-        text = message.removeprefix("Value error, ")
-        what, fix = text.split("\x00", 1)
-        return ConfigIssue(key, what, fix)
     if kind in ("extra_forbidden", "unexpected_keyword_argument"):
         known = _fields_at(loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
@@ -865,7 +917,7 @@ def _issue(err: Any) -> ConfigIssue:
     value = err.get("input")
     shown = "" if isinstance(value, (dict, list)) else f" (got {_masked(str(loc[-1]) if loc else '', value)})"
     if kind.endswith("_type") or kind.endswith("_parsing"):
-        return ConfigIssue(key, f"wrong type{shown}: {message.lower()}", "write the value as the example config shows")
+        return ConfigIssue(key, f"wrong type{shown}: {message.lower()}", _type_fix(loc))
     if kind == "string_pattern_mismatch":
         return ConfigIssue(key, f"invalid value{shown}", PATTERN_FIXES.get(str(loc[-1]), PATTERN_FIXES["name"]))
     return ConfigIssue(key, f"{message}{shown}", _range_fix(kind, err.get("ctx") or {}))

@@ -231,7 +231,7 @@ def test_a_bad_phone_number_gets_an_e164_fix() -> None:
 
 def test_check_config_warns_when_sms_has_no_token(tmp_path: Path) -> None:
     path = tmp_path / "g.toml"
-    path.write_text('[notify]\nchannels = ["sms"]\n' + ONCALL + SMS)
+    path.write_text(ENGINE + '[notify]\nchannels = ["sms"]\n' + ONCALL + SMS)
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("TWILIO_AUTH_TOKEN", "CREDENTIALS_DIRECTORY")}
     result = subprocess.run([sys.executable, "-m", "guardian", "check-config", str(path)], capture_output=True, text=True, env=env)
     assert result.returncode == 0 and "no Twilio auth token" in result.stdout
@@ -361,3 +361,29 @@ def test_check_config_wants_every_secret_file_present_and_private(tmp_path: Path
     keyfile.write_text("k\n")
     keyfile.chmod(0o640)
     assert run().returncode == 0
+
+
+def test_check_config_lists_every_problem_of_a_section_at_once_each_with_a_fix_naming_the_default(tmp_path: Path) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text(
+        '[guardian]\npoll_interval_seconds = "fast"\n'
+        "[breaker]\nl1_exit_fragmentation_ratio = 0.5\nl2_exit_kv_usage_ratio = 0.95\nl3_exit_free_ratio = 0.05\n"
+        '[notify]\nchannels = ["sms", "webhook"]\n'
+        '[[engines]]\nname = "a"\nurl = "http://127.0.0.1:8000"\n'
+    )
+    result = subprocess.run([sys.executable, "-m", "guardian", "check-config", str(path)], capture_output=True, text=True)
+    assert result.returncode == 2
+    out = result.stdout + result.stderr
+    assert f"{path}: 7 problems" in out
+    assert "fix: write it like its default: poll_interval_seconds = 1.0" in out
+    for flapping in ("l1_exit_fragmentation_ratio (0.5)", "l2_exit_kv_usage_ratio (0.95)", "l3_exit_free_ratio (0.05)"):
+        assert f"{path}: breaker: {flapping}" in out  # all three, not the first
+    assert out.count(f"{path}: notify: ") == 3
+
+
+def test_a_config_with_no_engines_is_refused_by_check_config_and_run(tmp_path: Path) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text('[guardian]\nlisten = "127.0.0.1:0"\n')
+    for command in (["check-config", str(path)], ["run", "--config", str(path)]):
+        result = subprocess.run([sys.executable, "-m", "guardian", *command], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 2 and "no [[engines]]: guardian would watch nothing" in result.stdout + result.stderr
