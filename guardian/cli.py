@@ -193,6 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         _parser().print_help()
         return 2
+    if getattr(args, "plot", None):
+        from guardian.plotting import PlotUnavailable, check
+
+        try:
+            check()
+        except PlotUnavailable as exc:
+            print(f"guardian {args.command}: {exc}", file=sys.stderr)
+            return 2
     try:
         return {
             "run": _run,

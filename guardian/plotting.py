@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-INSTALL = "--plot needs matplotlib: pip install 'vllm-guardian[plot]'"
+INSTALL = "--plot needs matplotlib: pip install matplotlib into guardian's environment (in a checkout: pip install -e '.[plot]')"
 
 
 class PlotUnavailable(RuntimeError):
@@ -20,3 +20,8 @@ def pyplot() -> Any:
     except ImportError:
         raise PlotUnavailable(INSTALL) from None
     return plt
+
+
+def check() -> None:
+    """Raise PlotUnavailable now, before a command spends minutes on work whose plot it then could not draw."""
+    pyplot()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -184,3 +185,16 @@ def test_run_on_a_busy_port_says_so_and_exits_1(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port} (guardian.listen): address already in use" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [["analyze", "--plot", "x.png", "smi.csv"], ["tune", "--engine", "sim", "--plot", "x.png"],
+                                     ["report", "record.jsonl", "--plot", "plots"]])  # fmt: skip
+def test_plot_without_matplotlib_is_refused_before_any_work_with_how_to_install_it(tmp_path: Path, command: list[str]) -> None:
+    fake = tmp_path / "site" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "guardian", *command], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert result.returncode == 2 and "--plot needs matplotlib: pip install matplotlib" in result.stderr
+    assert time.monotonic() - started < 30 and not (tmp_path / "x.png").exists()
