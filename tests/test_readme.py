@@ -41,3 +41,16 @@ def test_every_guardian_subcommand_the_readme_shows_exists() -> None:
     used = set(re.findall(r"(?:^|[\s/])guardian ([a-z][a-z-]+)", code, re.M))
     assert {"demo", "run", "tune", "report", "replay"} <= used
     assert used <= commands, used - commands
+
+
+def test_the_contents_list_every_section_and_every_link_finds_its_heading() -> None:
+    contents = README[README.index("## Contents"):README.index("## Quick start")]
+    headings = re.findall(r"^## (.+)$", README, re.M)
+
+    def anchor(title: str) -> str:
+        return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+    anchors = {anchor(h) for h in re.findall(r"^#{2,3} (.+)$", README, re.M)}
+    linked = re.findall(r"\]\(#([\w-]+)\)", contents)
+    assert set(linked) <= anchors, set(linked) - anchors
+    assert {anchor(h) for h in headings if h != "Contents"} <= set(linked)
