@@ -124,7 +124,9 @@ async def run_demo(
         outcomes: Counter[str] = Counter()
         for generator in cluster.loadgens:
             outcomes.update(generator.outcomes)
-        print(f"guardian demo: done; requests by outcome: {dict(outcomes)}", file=out, flush=True)
+        retried = outcomes.pop("retried", 0)  # attempts, not requests
+        print(f"guardian demo: done; {sum(outcomes.values())} requests by outcome: {dict(outcomes)}; "
+              f"{retried} retries after 503 or a refused connection", file=out, flush=True)  # fmt: skip
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

@@ -111,6 +111,10 @@ def test_demo_serves_metrics_that_move_and_status_json() -> None:
     assert status["engines"][0]["up"] is True and status["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
     assert f"guardian metrics  http://127.0.0.1:{port}/metrics" in out
     assert "sim0: L0 kv" in out and "guardian demo: done" in out
+    done = re.search(r"guardian demo: done; (\d+) requests by outcome: (\{.*\}); (\d+) retries", out)
+    assert done is not None, out  # requests counted once each, retries apart, those still in flight at the end included
+    counted = eval(done.group(2))  # noqa: S307 (our own dict's repr)
+    assert "retried" not in counted and sum(counted.values()) == int(done.group(1)) > 0
     assert status["breaker"]["sim0"]["level"] == 0 and status["breaker"]["sim0"]["restart_budget_left"] == 3
 
 
@@ -180,7 +184,8 @@ def test_run_on_a_busy_port_says_so_and_exits_1(tmp_path: Path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         config = tmp_path / "g.toml"
-        config.write_text(f'[guardian]\nlisten = "127.0.0.1:{port}"\n')
+        config.write_text(f'[guardian]\nlisten = "127.0.0.1:{port}"\nstate_dir = "{tmp_path}"\n'
+                          '[[engines]]\nname = "a"\nurl = "http://127.0.0.1:9"\n')  # fmt: skip
         result = subprocess.run([*GUARDIAN, "run", "--config", str(config)], capture_output=True, text=True, timeout=30)
     assert result.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port} (guardian.listen): address already in use" in result.stderr
