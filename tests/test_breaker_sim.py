@@ -105,6 +105,7 @@ async def test_a_staircase_leak_walks_the_breaker_up_and_a_drained_restart_bring
     assert cluster.loadgens[0].failures == 0 and outcomes["200"] > 50 and outcomes["retried"] == 0, outcomes
     snap = daemon.snapshot
     assert snap is not None and snap.engines["sim0"].healthy and snap.engines["sim0"].up
+    assert snap.engines["sim0"].restarts_total == 1  # guardian's own restart counts (guardian_engine_restarts_total)
     assert cluster.gpus[0].overhang_bytes == 0  # the leak died with the old process
     # offline, the same samples and outcomes give the same decisions
     again = _replayed(tmp_path / "record.jsonl")
