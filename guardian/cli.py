@@ -376,8 +376,9 @@ def _tune(args: argparse.Namespace) -> int:
         print(f"no point met the SLO (P99 TTFT <= {slo * 1000:g} ms with nothing failed): try lower rates or a larger GPU")
     else:
         point = next(p for p in points if p.key == chosen.point)
-        print(f"best: {point} at {chosen.rate:g} req/s: P99 TTFT {chosen.p99_ttft_seconds * 1000:.0f} ms "  # type: ignore[operator]
-              f"(SLO {slo * 1000:g} ms), {chosen.requests_per_second:.2f} req/s, {chosen.tokens_per_second:.0f} tok/s")
+        print(f"best: {point}: {chosen.requests_per_second:.2f} req/s finished ({chosen.rate:g} req/s offered), "
+              f"P99 TTFT {chosen.p99_ttft_seconds * 1000:.0f} ms (SLO {slo * 1000:g} ms), "  # type: ignore[operator]
+              f"{chosen.tokens_per_second:.0f} tok/s")  # fmt: skip
         print(f"  engine arguments: --block-size {point.block_size} --max-num-seqs {point.max_num_seqs}"
               + (" --speculative-config '" + json.dumps(speculative, separators=(",", ":")) + "'" if point.speculation else ""))
     print(f"results: {results}")

@@ -20,6 +20,7 @@ restarted with its own arguments again.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import random
@@ -153,10 +154,37 @@ def load_results(path: Path) -> list[Measurement]:
         if not line.strip():
             continue
         try:
-            out.append(Measurement(**json.loads(line)))
+            doc = json.loads(line)
+            if n == 1 and isinstance(doc, dict) and "settings" in doc:
+                continue
+            out.append(Measurement(**doc))
         except (json.JSONDecodeError, TypeError) as exc:
             raise TuneError(f"{path}:{n}: not a result line of guardian tune ({exc}); move the file away to start over") from None
     return out
+
+
+def settings(search: Search) -> dict[str, Any]:
+    """What makes two runs' measurements comparable: a results file is resumed only by a run with the same."""
+    lengths = hashlib.sha256(json.dumps([(r.prompt_tokens, r.max_tokens) for r in search.reqs]).encode()).hexdigest()[:16]
+    return {"base_args": dict(search.base_args), "seconds": search.seconds, "seed": search.seed,
+            "requests": len(search.reqs), "request_lengths": lengths, "speculative_config": search.speculative_config}  # fmt: skip
+
+
+def check_settings(path: Path, ours: dict[str, Any]) -> None:
+    """Start the file with ours, or refuse one made with others: its numbers would not compare with ours."""
+    if not path.exists() or not path.read_text(encoding="utf-8").strip():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"settings": ours}) + "\n", encoding="utf-8")
+        return
+    first = path.read_text(encoding="utf-8").splitlines()[0]
+    try:
+        theirs = json.loads(first).get("settings")
+    except (json.JSONDecodeError, AttributeError):
+        theirs = None
+    if theirs != json.loads(json.dumps(ours)):
+        differ = sorted(k for k in ours if not isinstance(theirs, dict) or theirs.get(k) != json.loads(json.dumps(ours[k])))
+        raise TuneError(f"{path} holds results measured with other settings ({', '.join(differ) or 'none recorded'}): "
+                        "move it away (or pass --results) to start over")  # fmt: skip
 
 
 def append_result(path: Path, m: Measurement) -> None:
@@ -321,6 +349,7 @@ class Search:
 async def run(search: Search, restart: Restart, out: TextIO | None = None) -> list[Measurement]:
     """Every point not yet in the results file, measured; returns all results (old and new) in grid order."""
     out = out or sys.stdout
+    check_settings(search.results_path, settings(search))
     done = load_results(search.results_path)
     have = {(m.point, m.rate) for m in done}
     stopped = {m.point for m in done if m.error or not m.meets(search.slo_seconds)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 from dataclasses import asdict
@@ -74,9 +75,10 @@ def test_tune_against_the_simulator_prints_a_table_picks_a_point_inside_the_slo_
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "[1/2] block 16, max-num-seqs 2, speculation off: restarting the engine" in out
-    assert "best: block 16, max-num-seqs 16, speculation off at 6 req/s" in out  # 2 sequences cannot keep up with 6 req/s
+    assert re.search(r"best: block 16, max-num-seqs 16, speculation off: [\d.]+ req/s finished \(6 req/s offered\)", out)
     assert "engine arguments: --block-size 16 --max-num-seqs 16" in out
-    lines = [json.loads(x) for x in results.read_text().splitlines()]
+    header, *lines = [json.loads(x) for x in results.read_text().splitlines()]
+    assert header["settings"]["seconds"] == 3  # what a resume is checked against
     small = [m for m in lines if m["point"] == "block16-seqs2-specoff"]
     assert small[-1]["p99_ttft_seconds"] > 0.2  # it missed the SLO at 6 req/s: the table says so
     assert (tmp_path / "tune.png").stat().st_size > 10_000
@@ -89,14 +91,17 @@ def test_tune_against_the_simulator_prints_a_table_picks_a_point_inside_the_slo_
 @pytest.mark.slow
 def test_an_interrupted_search_measures_only_what_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     results = tmp_path / "tune.jsonl"
-    tune.append_result(results, _m("block16-seqs2-specoff", 1, 0.05, 1.0))  # the first point was done before the interruption
-    tune.append_result(results, _m("block16-seqs2-specoff", 6, 0.9, 2.0))
-    argv = ["tune", "--engine", "sim", "--block-sizes", "16", "--max-num-seqs", "2", "16", "--rates", "1", "6",
-            "--seconds", "2", "--results", str(results)]  # fmt: skip
-    cli.main(argv)
+    argv = ["tune", "--engine", "sim", "--block-sizes", "16", "--rates", "1", "6", "--seconds", "2", "--results", str(results)]
+    cli.main([*argv, "--max-num-seqs", "2"])  # the first point, done before the interruption
+    measured = len(results.read_text().splitlines())
+    capsys.readouterr()
+    cli.main([*argv, "--max-num-seqs", "2", "16"])
     out = capsys.readouterr().out
     assert "1 already in" in out and "[1/1] block 16, max-num-seqs 16" in out
-    assert len(results.read_text().splitlines()) == 4
+    assert len(results.read_text().splitlines()) == measured + 2
+    # the same file with other settings would mix numbers that do not compare: refused, with what differs
+    assert cli.main([*argv[:-4], "--seconds", "3", "--results", str(results), "--max-num-seqs", "2", "16", "32"]) == 2
+    assert "holds results measured with other settings (seconds)" in capsys.readouterr().err
 
 
 def test_tune_with_an_engine_that_cannot_be_restarted_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -148,7 +153,7 @@ start_timeout_seconds = 60
     try:
         assert cli.main(argv) == 0
         out = capsys.readouterr().out
-        assert "best: block 16, max-num-seqs 16, speculation off at 6 req/s" in out
+        assert re.search(r"best: block 16, max-num-seqs 16, speculation off: [\d.]+ req/s finished \(6 req/s offered\)", out)
         assert "restarting the engine with its own arguments again" in out
         pid = json.loads((tmp_path / "e1.pid").read_text())["pid"]
         cmdline = psutil.Process(pid).cmdline()
