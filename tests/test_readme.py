@@ -54,3 +54,9 @@ def test_the_contents_list_every_section_and_every_link_finds_its_heading() -> N
     linked = re.findall(r"\]\(#([\w-]+)\)", contents)
     assert set(linked) <= anchors, set(linked) - anchors
     assert {anchor(h) for h in headings if h != "Contents"} <= set(linked)
+
+
+def test_the_example_config_and_the_readme_name_the_same_config_directory() -> None:
+    example = (ROOT / "systemd" / "guardian.toml").read_text()
+    assert "/etc/guardian/" not in example and "/etc/guardian/" not in README
+    assert "/etc/vllm-guardian/" in example and "/etc/vllm-guardian/" in README
