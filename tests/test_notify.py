@@ -235,12 +235,14 @@ AM_PAYLOAD = {
 }  # fmt: skip
 
 
-def _config(tmp_path: Path, port: int, twilio_url: str) -> Path:
+def _config(tmp_path: Path, port: int, twilio_url: str, engine_url: str = "http://127.0.0.1:9") -> Path:
+    """guardian run needs an engine to watch: give it a healthy one (``sim_url``), so only the test's alerts page."""
     (tmp_path / "api-token").write_text("api-secret")
     path = tmp_path / "guardian.toml"
     path.write_text(
         f'[guardian]\nlisten = "127.0.0.1:{port}"\nstate_dir = "{tmp_path / "state"}"\n'
         f'api_token_file = "{tmp_path / "api-token"}"\nlog_format = "json"\n'
+        f'[[engines]]\nname = "sim"\nurl = "{engine_url}"\n'
         f'[notify]\nchannels = ["sms"]\n[[notify.oncall]]\nname = "alice"\nnumber = "{NUMBER}"\n'
         f'[notify.sms]\naccount_sid = "{SID}"\nfrom_number = "{FROM}"\napi_url = "{twilio_url}"\ntimeout_seconds = 20\n'
     )
@@ -285,11 +287,11 @@ def _stop(proc: subprocess.Popen[str]) -> str:
 
 
 @pytest.mark.slow
-def test_kill_9_mid_send_resends_the_page_marked_possibly_duplicate(tmp_path: Path) -> None:
+def test_kill_9_mid_send_resends_the_page_marked_possibly_duplicate(tmp_path: Path, sim_url: str) -> None:
     port = free_port()
     with fake_twilio() as fake:
         fake.script, fake.hang_seconds = ["hang"], 2.0
-        config = _config(tmp_path, port, fake.url)
+        config = _config(tmp_path, port, fake.url, sim_url)
         first = _guardian(config)
         try:
             _wait(lambda: _up(port))
@@ -316,9 +318,9 @@ def test_kill_9_mid_send_resends_the_page_marked_possibly_duplicate(tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_kill_9_before_twilio_could_be_reached_sends_the_page_once_after_restart(tmp_path: Path) -> None:
+def test_kill_9_before_twilio_could_be_reached_sends_the_page_once_after_restart(tmp_path: Path, sim_url: str) -> None:
     port, twilio_port = free_port(), free_port()
-    config = _config(tmp_path, port, f"http://127.0.0.1:{twilio_port}")  # nothing listens there yet
+    config = _config(tmp_path, port, f"http://127.0.0.1:{twilio_port}", sim_url)  # nothing listens there yet
     first = _guardian(config)
     try:
         _wait(lambda: _up(port))
