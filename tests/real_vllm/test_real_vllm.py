@@ -445,8 +445,8 @@ def test_guardian_tune_measures_two_points_with_prompts_from_the_models_vocabula
         capture_output=True, text=True, timeout=1200, env=env,
     )  # fmt: skip
     code, text = done.returncode, done.stdout + done.stderr
-    lines = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
-    assert len(lines) == 2, text[-3000:]
+    header, *lines = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else [{}]
+    assert header.get("settings", {}).get("seconds") == 6 and len(lines) == 2, text[-3000:]  # the settings, then a line a point
     for m in lines:
         assert m["error"] is None and m["failed"] == 0 and m["finished"] >= 1, m
     assert code == 0 and "best: block 128" in text, text[-3000:]
