@@ -54,3 +54,39 @@ def test_long_prompts_wait_in_their_own_queue_holding_half_the_pool_at_most_and_
         assert adm.long_tokens == 0 and adm.in_flight == 0
 
     run(main())
+
+
+def test_the_last_fifth_of_the_cap_is_the_high_lane_s_so_an_urgent_request_finds_a_slot_at_a_busy_engine() -> None:
+    async def main() -> None:
+        adm = Admission(cap=5, queue_size=50)
+        for _ in range(4):
+            assert await adm.acquire("low", 30) is None
+        fifth_low = asyncio.ensure_future(adm.acquire("low", 30))
+        await asyncio.sleep(0.01)
+        assert not fifth_low.done()  # the low lane stops one short of the cap
+        assert await adm.acquire("high", 30) is None and adm.in_flight == 5
+        fifth_low.cancel()
+
+    run(main())
+
+
+def test_a_low_request_whose_predicted_wait_passes_its_deadline_is_told_at_once_with_that_wait() -> None:
+    async def main() -> tuple[object, float]:
+        loop = asyncio.get_running_loop()
+        adm = Admission(cap=1, queue_size=500)
+        for _ in range(12):  # one slot freed a second: the rate the prediction uses
+            assert await adm.acquire("high", 30) is None
+            await asyncio.sleep(1.0)
+            adm.release()
+        assert await adm.acquire("high", 30) is None
+        waiting = [asyncio.ensure_future(adm.acquire("low", 300)) for _ in range(40)]
+        await asyncio.sleep(0.01)
+        began = loop.time()
+        refusal = await adm.acquire("low", 30)  # 40 ahead at one a second: about 40 s
+        for w in waiting:
+            w.cancel()
+        return refusal, loop.time() - began
+
+    refusal, waited = run(main())
+    assert refusal is not None and refusal.status == 429 and waited == 0  # type: ignore[attr-defined]
+    assert 30 < refusal.retry_after <= 60 and "of queue ahead" in refusal.reason  # type: ignore[attr-defined]

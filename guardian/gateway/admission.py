@@ -1,4 +1,4 @@
-"""Admission to one upstream engine: a concurrency cap, and a bounded two-lane queue in front of it.
+"""Admission to one upstream engine: a concurrency cap, and a bounded queue in front of it in lanes (high, low, long).
 
 Bursts wait in the queue instead of reaching vLLM all at once; a full queue,
 or a request still waiting at its deadline, is answered 429 with
