@@ -102,11 +102,10 @@ def replay(config: cfg.Config, header: dict[str, Any] | None, records: list[dict
             samples += 1
             decision = pipeline.step(sample, inputs.get(sample.t, {})).decision
         elif record.get("command"):
-            c = record["command"]
             try:
-                decision = pipeline.command(Command(c["kind"], c["engine"], c["who"], c["level"]), record["t"], record["wall"])
+                decision = operator_command(pipeline, record)
             except KeyError:
-                problems.append(f"a command for engine {c.get('engine')!r}, which this config does not have")
+                problems.append(f"a command for engine {record['command'].get('engine')!r}, which this config does not have")
                 continue
         else:
             continue
@@ -144,6 +143,12 @@ def render(result: Replay) -> str:
                 what = f"{who} {a.details.get('was') or '-'} -> {a.details.get('batch')} ({a.reason})"
             lines.append(f"{when}  {a.engine:<12}   action: {what}")
     return "\n".join(lines) if lines else "no decisions: the breaker stayed at L0 and nothing was done"
+
+
+def operator_command(pipeline: Pipeline, record: dict[str, Any]) -> Decision:
+    """A recorded force or clear, applied as the live run did; KeyError for an engine the config does not have."""
+    c = record["command"]
+    return pipeline.command(Command(c["kind"], c["engine"], c["who"], c["level"]), record["t"], record["wall"])
 
 
 def _when(wall: float) -> str:

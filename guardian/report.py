@@ -27,6 +27,7 @@ from guardian.analysis.cost import Marginal
 from guardian.pipeline import Pipeline, tuner_move
 from guardian.plotting import pyplot
 from guardian.record import from_record
+from guardian.replay import operator_command
 
 GiB = 2**30
 
@@ -72,7 +73,18 @@ def build(config: cfg.Config, header: dict[str, Any] | None, records: list[dict[
     pipeline = Pipeline(config, (header or {}).get("host_memory_bytes"))
     tl = Timeline()
     judged: dict[str, Marginal | None] = {}
-    for record in samples:  # the whole file feeds the detectors; only the last hours are reported
+    for record in records:  # the whole file feeds the detectors; only the last hours are reported
+        if record.get("kind") == "decision" and record.get("command"):
+            try:  # an operator's force or clear: the levels after it are the forced ones
+                forced = operator_command(pipeline, record)
+            except KeyError:
+                continue
+            if forced.wall >= start:
+                for name, tr in forced.transitions:
+                    tl.transitions.setdefault(name, []).append((forced.wall, int(tr.source), int(tr.target), tr.rule))
+            continue
+        if record.get("kind") != "sample":
+            continue
         sample = from_record(record)
         result = pipeline.step(sample, inputs.get(sample.t, {}))
         if sample.wall < start:
