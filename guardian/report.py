@@ -57,6 +57,7 @@ class Timeline:
     gpu_names: dict[int, str | None] = field(default_factory=dict)
     engines: dict[str, list[EngineRow]] = field(default_factory=dict)
     steps: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # series -> (wall, bytes) of held steps
+    found: dict[str, dict[float, tuple[float, float, str | None]]] = field(default_factory=dict)  # series -> t -> (wall, bytes, ended by)
     leak: dict[str, bool] = field(default_factory=dict)
     transitions: dict[str, list[tuple[float, int, int, str]]] = field(default_factory=dict)
     restarts: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
@@ -112,6 +113,9 @@ def build(config: cfg.Config, header: dict[str, Any] | None, records: list[dict[
                 judged[name] = m
         for series, leak in result.memory.leaks.items():
             tl.steps[series] = [(sample.wall_at(s.t), s.size) for s in leak.held_steps]
+            for s in leak.steps:  # every step of the window, also those a restart or a release gave back since
+                if s.ended_by != "transient":
+                    tl.found.setdefault(series, {})[s.t] = (sample.wall_at(s.t), s.size, s.ended_by)
             tl.leak[series] = leak.leak
         d = result.decision
         for name, tr in d.transitions:
@@ -151,10 +155,14 @@ def render(tl: Timeline, config: cfg.Config, source: str) -> str:
         total = next((t for _, t in readings if t), None)
         series = f"gpu/{index}/used"
         held = tl.steps.get(series, [])
+        found = list(tl.found.get(series, {}).values())
+        ended = Counter(by for _, _, by in found if by is not None)
         text = f"GPU {index} ({tl.gpu_names.get(index) or 'unknown'}): memory "
         text += f"{used[0] / GiB:.1f} -> {used[-1] / GiB:.1f} GiB (peak {max(used) / GiB:.1f})" if used else "unknown"
         text += f" of {total / GiB:.1f} GiB" if total else ""
-        text += f"; leak steps held: {len(held)}" + (f" (+{sum(s for _, s in held) / GiB:.2f} GiB)" if held else "")
+        text += f"; leak steps: {len(found)} found" + (f" (+{sum(s for _, s, _ in found) / GiB:.2f} GiB)" if found else "")
+        text += f", {len(held)} held at the end" + "".join(f", {n} given back by {'a restart' if by == 'restart' else 'release'}"
+                                                           for by, n in sorted(ended.items()))  # fmt: skip
         text += "; LEAK SUSPECTED" if tl.leak.get(series) else ""
         lines.append(text)
     for name, rows in tl.engines.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -110,6 +111,10 @@ async def test_a_staircase_leak_walks_the_breaker_up_and_a_drained_restart_bring
     # offline, the same samples and outcomes give the same decisions
     again = _replayed(tmp_path / "record.jsonl")
     assert again.matches, again.first_difference()
+    # and the report says the steps were there, though the restart gave them back
+    told = subprocess.run([*GUARDIAN, "report", str(tmp_path / "record.jsonl")], capture_output=True, text=True, timeout=60)
+    steps = re.search(r"GPU 0 .*leak steps: (\d+) found .*0 held at the end, (\d+) given back by a restart", told.stdout)
+    assert told.returncode == 0 and steps is not None and int(steps.group(1)) >= 2, told.stdout
 
 
 async def test_dry_run_plans_the_same_walk_without_touching_the_engine_and_replay_agrees(tmp_path: Path) -> None:
