@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from guardian import config as cfg
 from guardian.analysis.cost import Marginal
@@ -204,8 +204,14 @@ def render(tl: Timeline, config: cfg.Config, source: str) -> str:
     return "\n".join(lines)
 
 
-def plot(tl: Timeline, config: cfg.Config, out: Path) -> list[Path]:
+def plot(tl: Timeline, config: cfg.Config, out: Path, inspect: Callable[[str, Any], None] | None = None) -> list[Path]:
+    """PNGs of the record: every time plot marks guardian's restarts (and why); a plot with nothing to draw says so.
+
+    ``inspect`` sees each figure before it is written (the tests read what was drawn from it).
+    """
     plt = pyplot()
+    from matplotlib.ticker import MaxNLocator, NullFormatter, ScalarFormatter
+
     out.mkdir(parents=True, exist_ok=True)
     t0 = tl.walls[0]
     minutes = [(w - t0) / 60 for w in tl.walls]
@@ -213,11 +219,24 @@ def plot(tl: Timeline, config: cfg.Config, out: Path) -> list[Path]:
     written = []
 
     def save(fig: Any, name: str) -> None:
+        if inspect is not None:
+            inspect(name, fig)
         fig.tight_layout()
         path = out / name
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
+
+    def restarts(ax: Any) -> None:
+        for name, done in tl.restarts.items():
+            for wall, why in done:
+                x = (wall - t0) / 60
+                ax.axvline(x, color="#555555", ls="--", lw=0.9)
+                ax.annotate(f"restart {name}: {why}", (x, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                            va="top", ha="right", fontsize=7, color="#555555")  # fmt: skip
+
+    def no_data(ax: Any, why: str) -> None:
+        ax.text(0.5, 0.5, f"no data: {why}", transform=ax.transAxes, ha="center", va="center", fontsize=11, color="#555555")
 
     fig, ax = plt.subplots(figsize=(11, 4))
     for index, readings in sorted(tl.gpus.items()):
@@ -225,37 +244,64 @@ def plot(tl: Timeline, config: cfg.Config, out: Path) -> list[Path]:
         total = next((t for _, t in readings if t), None)
         if total:
             ax.axhline(total / GiB, color="black", lw=0.8, ls=":")
-        for wall, _size in tl.steps.get(f"gpu/{index}/used", []):
+        for wall, _size, _by in tl.found.get(f"gpu/{index}/used", {}).values():
             ax.axvline((wall - t0) / 60, color="#d62728", lw=1)
-    ax.set(title="GPU memory (red: leak steps held)", xlabel=xlabel, ylabel="GiB")
-    ax.legend(fontsize=8)
+    if not tl.gpus:
+        no_data(ax, "NVML gave no GPU in the record")
+    restarts(ax)
+    ax.set(title="GPU memory (red: leak steps found; grey dashed: restarts)", xlabel=xlabel, ylabel="GiB")
+    if tl.gpus:
+        ax.legend(fontsize=8)
     save(fig, "memory.png")
 
-    fig, ax = plt.subplots(figsize=(11, 3))
+    fig, ax = plt.subplots(figsize=(11, 3.5))
     for name, rows in tl.engines.items():
         ax.step(minutes, [r.level for r in rows], where="post", label=name)
-    ax.set(title="breaker level", xlabel=xlabel, ylabel="level", yticks=[0, 1, 2, 3], ylim=(-0.2, 3.2))
+        for wall, _source, target, rule in tl.transitions.get(name, []):
+            ax.annotate(rule, ((wall - t0) / 60, target), xytext=(3, 3), textcoords="offset points", fontsize=7)
+    restarts(ax)
+    ax.set(title="breaker level (the rule at each change; grey dashed: restarts)", xlabel=xlabel, ylabel="level",
+           yticks=[0, 1, 2, 3], yticklabels=["L0", "L1", "L2", "L3"], ylim=(-0.2, 3.4))  # fmt: skip
     ax.legend(fontsize=8)
     save(fig, "breaker.png")
 
     slo = config.tuner.slo.target_seconds if config.tuner else 0.2
     fig, ax = plt.subplots(figsize=(11, 4))
+    drawn = False
     for name, rows in tl.engines.items():
-        ax.plot(minutes, [r.p99 * 1000 if r.p99 is not None else float("nan") for r in rows], lw=1, label=f"{name} P99")
-    ax.axhline(slo * 1000, color="#d62728", ls="--", lw=1, label="SLO")
-    ax.set(title=f"P99 {config.tuner.slo.metric if config.tuner else 'ttft'} vs the SLO", xlabel=xlabel, ylabel="ms", yscale="log")
+        p99 = [r.p99 * 1000 if r.p99 is not None else float("nan") for r in rows]
+        drawn = drawn or any(v == v for v in p99)
+        ax.plot(minutes, p99, lw=1, label=f"{name} P99")
+    ax.axhline(slo * 1000, color="black", ls="--", lw=1, label=f"SLO {slo * 1000:g} ms")
+    restarts(ax)
+    metric = config.tuner.slo.metric if config.tuner else "ttft"
+    ax.set(title=f"P99 {metric} vs the SLO (grey dashed: restarts)", xlabel=xlabel, ylabel="ms")
+    if drawn:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())  # 200, not 2x10^2
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    else:
+        no_data(ax, "no request finished in the record")
     ax.legend(fontsize=8)
     save(fig, "p99.png")
 
     fig, ax = plt.subplots(figsize=(11, 4))
+    tuned = False
     for name, rows in tl.engines.items():
-        ax.step(minutes, [r.batch if r.batch is not None else float("nan") for r in rows], where="post", label=f"{name} batch")
+        batches = [r.batch if r.batch is not None else float("nan") for r in rows]
+        tuned = tuned or any(b == b for b in batches)
+        ax.step(minutes, batches, where="post", label=f"{name} batch")
         ax.step(minutes, [r.max_num_seqs if r.max_num_seqs is not None else float("nan") for r in rows], where="post",
                 ls=":", label=f"{name} --max-num-seqs")  # fmt: skip
         for wall, kind, _old, new, _why in tl.tuner_moves.get(name, []):
             if kind == "speculation":
                 ax.axvline((wall - t0) / 60, color="#2ca02c" if new else "#7f7f7f", lw=1)
+    restarts(ax)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # sequences come whole
     ax.set(title="tuner: batch and engine limit (green/grey: speculation on/off)", xlabel=xlabel, ylabel="sequences")
-    ax.legend(fontsize=8)
+    if tuned:
+        ax.legend(fontsize=8)
+    else:
+        no_data(ax, "the tuner was not configured for this record")
     save(fig, "tuning.png")
     return written

@@ -14,12 +14,13 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 from guardian import config as cfg
-from guardian import replay
+from guardian import replay, report
 from guardian.daemon import Daemon
 from guardian.demo import DEMO_ACTIONS, DEMO_LEAK, demo_config
 from guardian.record import SampleRecorder
@@ -115,6 +116,17 @@ async def test_a_staircase_leak_walks_the_breaker_up_and_a_drained_restart_bring
     told = subprocess.run([*GUARDIAN, "report", str(tmp_path / "record.jsonl")], capture_output=True, text=True, timeout=60)
     steps = re.search(r"GPU 0 .*leak steps: (\d+) found .*0 held at the end, (\d+) given back by a restart", told.stdout)
     assert told.returncode == 0 and steps is not None and int(steps.group(1)) >= 2, told.stdout
+    # its pictures tell the same: steps marked though given back, the restart and its reason on every time plot
+    header, records, _ = replay.read([tmp_path / "record.jsonl"])
+    config = replay.config_from(header, None)
+    drawn: dict[str, Any] = {}
+    report.plot(report.build(config, header, records, None), config, tmp_path / "plots", lambda name, fig: drawn.update({name: fig}))
+    texts = {name: [t.get_text() for ax in fig.axes for t in ax.texts] for name, fig in drawn.items()}
+    assert all("restart sim0: free_reserve" in texts[name] for name in ("memory.png", "breaker.png", "p99.png", "tuning.png"))
+    red = [line for line in drawn["memory.png"].axes[0].lines if line.get_color() == "#d62728"]
+    assert len(red) == int(steps.group(1))  # every step found, also those the restart gave back
+    assert {"fragmentation", "over_budget", "free_reserve"} <= set(texts["breaker.png"])  # the rule at each change
+    assert "no data: the tuner was not configured for this record" in texts["tuning.png"]  # not a blank plot
 
 
 async def test_dry_run_plans_the_same_walk_without_touching_the_engine_and_replay_agrees(tmp_path: Path) -> None:
