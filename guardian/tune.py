@@ -385,17 +385,29 @@ async def run(search: Search, restart: Restart, out: TextIO | None = None) -> li
     return sorted((m for m in results if m.point in order), key=lambda m: (order[m.point], m.rate))
 
 
-def plot(results: list[Measurement], slo_seconds: float, path: Path) -> None:
+def plot(results: list[Measurement], slo_seconds: float, path: Path, inspect: Callable[[Any], None] | None = None) -> None:
+    """P99 and throughput against offered load, per point; the SLO a black line, the best point a star on both."""
     plt = pyplot()
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
     fig, (lat, thr) = plt.subplots(1, 2, figsize=(13, 4.8))
     for key in dict.fromkeys(m.point for m in results if m.error is None):
         ms = [m for m in results if m.point == key and m.error is None]
         lat.plot([m.rate for m in ms], [(m.p99_ttft_seconds or 0) * 1000 for m in ms], marker="o", lw=1, label=key)
         thr.plot([m.rate for m in ms], [m.requests_per_second for m in ms], marker="o", lw=1, label=key)
-    lat.axhline(slo_seconds * 1000, color="#d62728", ls="--", lw=1, label="SLO")
+    lat.axhline(slo_seconds * 1000, color="black", ls="--", lw=1, label=f"SLO {slo_seconds * 1000:g} ms")
+    chosen = best(results, slo_seconds)
+    if chosen is not None:
+        lat.plot([chosen.rate], [(chosen.p99_ttft_seconds or 0) * 1000], marker="*", ms=16, color="black", ls="none",
+                 label=f"best: {chosen.point}")  # fmt: skip
+        thr.plot([chosen.rate], [chosen.requests_per_second], marker="*", ms=16, color="black", ls="none")
     lat.set(xlabel="offered load (req/s)", ylabel="P99 TTFT (ms)", title="P99 time to first token", yscale="log")
+    lat.yaxis.set_major_formatter(ScalarFormatter())
+    lat.yaxis.set_minor_formatter(NullFormatter())
     thr.set(xlabel="offered load (req/s)", ylabel="finished (req/s)", title="throughput")
     lat.legend(fontsize=7)
+    if inspect is not None:
+        inspect(fig)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -196,3 +196,16 @@ def test_a_point_that_fails_says_why() -> None:
     assert tune._message('{"error": {"message": "token id 23999 is out of vocabulary", "code": 400}}') == \
         "token id 23999 is out of vocabulary"  # fmt: skip
     assert tune._message("<html>bad gateway</html>") == "<html>bad gateway</html>"
+
+
+def test_the_tune_plot_marks_the_best_point_and_draws_the_slo_apart_from_the_series(tmp_path: Path) -> None:
+    results = [_m("a", 1, 0.05, 1.0), _m("a", 2, 0.08, 1.9), _m("b", 1, 0.04, 1.0), _m("b", 2, 0.5, 1.2)]
+    seen: list[object] = []
+    tune.plot(results, 0.2, tmp_path / "tune.png", seen.append)
+    (fig,) = seen
+    lat = fig.axes[0]  # type: ignore[attr-defined]
+    star = [line for line in lat.lines if line.get_marker() == "*"]
+    assert len(star) == 1 and list(star[0].get_xdata()) == [2] and star[0].get_label() == "best: a"
+    slo = [line for line in lat.lines if line.get_linestyle() == "--"]
+    assert len(slo) == 1 and slo[0].get_color() == "black" and slo[0].get_label() == "SLO 200 ms"
+    assert (tmp_path / "tune.png").stat().st_size > 10_000
