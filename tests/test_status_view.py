@@ -85,3 +85,12 @@ async def test_guardian_run_on_a_terminal_prints_a_line_of_what_moved(cluster: S
     await running
     lines = out.getvalue().splitlines()
     assert len(lines) >= 2 and any("sim0: L0" in line and "GPU0:" in line for line in lines), lines
+
+
+def test_the_readme_names_the_status_fields_guardian_serves() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme[readme.index("### Reading `/status`"):readme.index("To let guardian restart vLLM")]
+    for key in ("steps_held", "steps_given_back", "gates_shut_as", "`gateway`", "`alerts`", "`last_actions`", "`rule`"):
+        assert key in table, key
