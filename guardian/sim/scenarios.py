@@ -93,7 +93,7 @@ STAIRCASE_STEP_RATIO = 0.015  # of the GPU's memory
 
 def _staircase() -> tuple[Fault, ...]:
     leak = tuple(Fault(t, "leak_step", STAIRCASE_STEP_RATIO) for t in STAIRCASE_STEPS)
-    spike = (Fault(5.0, "spike", 0.02), Fault(7.0, "give_back", 0.02))
+    spike = (Fault(25.0, "spike", 0.02), Fault(27.0, "give_back", 0.02))  # after the warm-up, between two steps
     return spike + leak
 
 
