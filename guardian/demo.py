@@ -150,7 +150,7 @@ def _gateway_text(daemon: Daemon) -> str:
     queues = " ".join(f"{name} {a.in_flight}/{a.queued} cap {a.cap}" for name, a in gw.admission.items())
     shut = [f"{name}: " + ",".join(g for g, on in (("long", gates.refuse_long_context), ("low", gates.pause_low_priority),
                                                    ("high-only", gates.high_priority_only)) if on)
-            for name, gates in gw.gates.items() if gates != type(gates)()]  # fmt: skip
+            for name, gates in gw.gates.items() if gates.refuse_long_context or gates.pause_low_priority]  # fmt: skip
     text = f" | gateway in flight/queued {queues}"
     snap = daemon.snapshot
     if snap is not None and snap.policy is not None and snap.policy.tuners:
