@@ -455,7 +455,7 @@ class Daemon:
             (log.warning if tr.target > tr.source else log.info)(
                 "breaker_transition", engine=name, source=f"L{int(tr.source)}", target=f"L{int(tr.target)}",
                 rule=tr.rule, forced=tr.forced, dry_run=self.dry_run,
-                **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in tr.numbers.items()},
+                **{k: (round(v, 4) + 0.0 if isinstance(v, float) else v) for k, v in tr.numbers.items()},  # + 0.0: no -0.0
             )  # fmt: skip
         for action in decision.actions:
             if action.kind == "restart" and not self.dry_run:
