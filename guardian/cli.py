@@ -116,6 +116,16 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print /status as JSON instead")
     status.add_argument("--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C")
 
+    alerts = sub.add_parser(
+        "alerts",
+        help="list the running guardian's alerts: firing first, who acknowledged them",
+        description="List the alerts a running guardian tracks (its /status): severity, key, since when, firing or "
+        "resolved, who acknowledged it, whether a message went out, and the text. Acknowledge one with guardian ack KEY.",
+    )
+    alerts.add_argument("--config", "-c", type=Path, default=DEFAULT_CONFIG, metavar="PATH", help=f"the running guardian's config (default: {DEFAULT_CONFIG})")
+    alerts.add_argument("--url", metavar="URL", help="guardian's HTTP address instead, e.g. http://127.0.0.1:9400")
+    alerts.add_argument("--json", action="store_true", help="print them as JSON")
+
     ack = sub.add_parser(
         "ack",
         help="acknowledge a firing alert: no more repeats or escalation",
@@ -212,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             "breaker": _breaker,
             "ack": _ack,
             "status": _status,
+            "alerts": _alerts,
             "test-alert": _test_alert,
             "tune": _tune,
             "report": _report,
@@ -565,6 +576,20 @@ def _status(args: argparse.Namespace) -> int:
         if not args.watch:
             return 0
         time.sleep(args.watch)
+
+
+def _alerts(args: argparse.Namespace) -> int:
+    from guardian import status_view
+
+    url = args.url or _base_url(_load_or_exit(args.config))
+    try:
+        doc = status_view.fetch(url)
+    except status_view.Unreachable as exc:
+        print(f"guardian alerts: {exc}", file=sys.stderr)
+        return 1
+    alerts = doc.get("alerts", [])
+    print(json.dumps(alerts, indent=2) if args.json else status_view.render_alerts(alerts))
+    return 0
 
 
 def _call_api(command: str, config_path: Path, path: str, body: dict[str, object]) -> dict[str, Any] | int:

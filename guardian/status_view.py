@@ -96,6 +96,24 @@ def render(doc: dict[str, Any], now: float | None = None) -> str:
     return "\n".join(_fit(line) for line in lines)
 
 
+def render_alerts(alerts: list[dict[str, Any]]) -> str:
+    """``guardian alerts``: every tracked alert, firing pages first, with who acknowledged it."""
+    if not alerts:
+        return "no alerts"
+    lines = [f"{'SEVERITY':<8} {'STATE':<9} {'SINCE':<9} {'KEY':<28} ACK"]
+    order = sorted(alerts, key=lambda a: (not a.get("firing"), a["severity"] != "page", a["since"]))
+    for a in order:
+        state = "firing" if a.get("firing") else "resolved"
+        ack = f"by {a['acked_by']}" if a.get("acked_by") else ("no" if a.get("firing") else "-")
+        told = "" if a.get("told") else " (not sent yet)"
+        lines.append(f"{a['severity'].upper():<8} {state:<9} {_clock(a['since']):<9} {a['key']:<28.28} {ack}{told}")
+        lines.append(f"  {a['summary']}")
+    pages = [a["key"] for a in order if a.get("firing") and a["severity"] == "page" and not a.get("acked_by")]
+    if pages:
+        lines.append("ack: " + "; ".join(f"guardian ack {key}" for key in pages))
+    return "\n".join(_fit(line) for line in lines)
+
+
 def _header(doc: dict[str, Any]) -> str:
     parts = [f"guardian {doc.get('version', '?')}", f"up {_span(doc.get('uptime_seconds'))}"]
     poll = doc.get("last_poll")

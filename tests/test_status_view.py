@@ -40,6 +40,8 @@ async def test_status_shows_engines_gpus_gateway_alerts_and_actions_in_80_column
         url = f"http://127.0.0.1:{daemon.http_address[1]}"  # type: ignore[index]
         cli = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "guardian", "status", "--url", url],
                                       capture_output=True, text=True, timeout=30)  # fmt: skip
+        alerts = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "guardian", "alerts", "--url", url],
+                                         capture_output=True, text=True, timeout=30)  # fmt: skip
     finally:
         await daemon.close()
     for screen in (calm, forced, cli.stdout):
@@ -55,6 +57,9 @@ async def test_status_shows_engines_gpus_gateway_alerts_and_actions_in_80_column
     assert "PAGE    breaker/sim0 since" in forced and "NOT ACKED" in forced and "ack: guardian ack breaker/sim0" in forced
     assert "LAST ACTIONS" in forced and "sim0 gates (forced by alice): done" in forced
     assert cli.returncode == 0 and "sim0" in cli.stdout and "L3 forced (alice)" in cli.stdout
+    page = alerts.stdout.splitlines()[1]
+    assert alerts.returncode == 0 and page.startswith("PAGE     firing") and "breaker/sim0" in page and " no (not sent yet)" in page  # group_wait has not passed
+    assert "sim0 L3 forced by alice: L0 -> L3" in alerts.stdout and "ack: guardian ack breaker/sim0" in alerts.stdout
 
 
 def test_status_says_where_it_looked_when_no_guardian_answers() -> None:
