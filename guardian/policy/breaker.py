@@ -197,13 +197,13 @@ def _stays(level: Level, e: Evidence, p: BreakerParams) -> tuple[bool | None, li
         checks = {
             "kv_usage": None if e.kv_usage is None else e.kv_usage >= p.l2_exit_kv_usage_ratio,
             "over_budget_ratio": None if e.over_budget_ratio is None else e.over_budget_ratio > p.l2_budget_margin_ratio,
-            "preemptions_per_second": None if e.preemptions_per_second is None else e.preemptions_per_second > p.l3_calm_preemptions_per_second,
+            "preemptions_per_second": _preempting(e, p),
         }
     elif level == Level.L3:
         checks = {
             "free_ratio": None if e.free_ratio is None else e.free_ratio < reserve(e, p)[1],
             "phase": None if e.phase is None else e.phase != "up",
-            "preemptions_per_second": None if e.preemptions_per_second is None else e.preemptions_per_second > p.l3_calm_preemptions_per_second,
+            "preemptions_per_second": _preempting(e, p),
         }
     else:
         return False, []
@@ -222,8 +222,13 @@ def _engine_checks(e: Evidence, p: BreakerParams) -> list[bool | None]:
     return [
         None if e.kv_usage is None else e.kv_usage >= p.l2_exit_kv_usage_ratio,
         None if e.phase is None else e.phase != "up",
-        None if e.preemptions_per_second is None else e.preemptions_per_second > p.l3_calm_preemptions_per_second,
+        _preempting(e, p),
     ]
+
+
+def _preempting(e: Evidence, p: BreakerParams) -> bool | None:
+    """Preemptions above the calm rate: what keeps a storm's levels and gates (None: unknown)."""
+    return None if e.preemptions_per_second is None else e.preemptions_per_second > p.l3_calm_preemptions_per_second
 
 
 def evidence_numbers(e: Evidence) -> dict[str, float | int | None]:
@@ -247,7 +252,7 @@ def step(state: BreakerState, e: Evidence, t: float, p: BreakerParams) -> tuple[
     pending = {name: state.pending.get(name, t) for name, (_, holds) in rules.items() if holds}
     sustained = [(level, name) for name, (level, _) in rules.items() if name in pending and t - pending[name] >= _sustain(name, level, p)]
     target, rule = max(sustained, default=(Level.L0, ""), key=lambda lr: (lr[0], lr[1] not in MEMORY_RULES, lr[1]))
-    preempting = e.preemptions_per_second is not None and e.preemptions_per_second > p.l3_calm_preemptions_per_second
+    preempting = _preempting(e, p) is True
     lanes = [level for level, name in sustained
              if name not in MEMORY_RULES and (name != "kv_usage" or preempting) and level <= max(target, state.level)]  # fmt: skip
     shut, open_since = _gates(state, Level(max([state.shut, *lanes])), e, t, p)
@@ -288,7 +293,7 @@ def _request_path_holding(e: Evidence, p: BreakerParams, shut: Level) -> Level:
     """The highest gate level whose evidence is still above its stay threshold (unknown evidence holds nothing)."""
     if e.phase in ("dead", "unresponsive"):
         return Level.L3
-    if e.preemptions_per_second is not None and e.preemptions_per_second > p.l3_calm_preemptions_per_second:
+    if _preempting(e, p):
         return shut if shut == Level.L3 else Level.L2  # a lasting storm keeps what it shut
     if e.fragmentation_ratio is not None and e.fragmentation_ratio >= p.l1_exit_fragmentation_ratio:
         return Level.L1

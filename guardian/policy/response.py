@@ -132,7 +132,7 @@ def respond(
     if want is not None and not b.forced and state.restarting is None:
         if len(state.restarts) < rp.restart_budget:
             why, degraded, util = want
-            current = state.gpu_memory_utilization or e.gpu_memory_utilization
+            current = _in_use(state, e)
             lowered_from = None if util is None else state.lowered_from or (current if current is not None and util < current else None)
             state = replace(state, restarts=state.restarts + (t,), restarting=t, degraded=degraded, gpu_memory_utilization=util,
                             lowered_from=lowered_from)  # fmt: skip
@@ -203,8 +203,7 @@ def _wanted_restart(
     calm = b.level == Level.L0 and b.since is not None and t - b.since >= rp.restore_after_seconds
     if calm and s.degraded:
         return "restore", False, s.gpu_memory_utilization
-    gone = e.foreign_ratio is not None and e.foreign_ratio <= FOREIGN_NOISE_RATIO  # what it was lowered for has left
-    if calm and s.lowered_from is not None and gone and _room_for(s.lowered_from, s, e, bp):
+    if calm and s.lowered_from is not None and _others(e) is False and _room_for(s.lowered_from, s, e, bp):  # they left
         return "restore_utilization", s.degraded, None
     return None
 
@@ -217,8 +216,7 @@ def _next_step_fits(e: Evidence) -> bool:
     free (a step is seen at once in the free memory; the drain takes the
     time between two steps at most).
     """
-    own = e.foreign_ratio is not None and e.foreign_ratio <= FOREIGN_NOISE_RATIO
-    if not own or e.leak_step_ratio is None or e.free_ratio is None:
+    if _others(e) is not False or e.leak_step_ratio is None or e.free_ratio is None:
         return False
     return e.free_ratio > NEXT_STEP_MARGIN * e.leak_step_ratio
 
@@ -244,20 +242,36 @@ def memory_utilization(s: EngineState, e: Evidence, rule: str, bp: BreakerParams
     process, so the restart keeps the utilisation. An OOM whose cause cannot
     be told (nothing listed) steps the utilisation down.
     """
-    current = s.gpu_memory_utilization or e.gpu_memory_utilization
+    current = _in_use(s, e)
     if current is None:
         return None
-    if e.foreign_ratio is not None and e.foreign_ratio > FOREIGN_NOISE_RATIO:
-        configured = s.lowered_from or current
-        return max(rp.min_gpu_memory_utilization, math.floor((configured - e.foreign_ratio - UTILIZATION_MARGIN) * 100 + 1e-9) / 100)
-    if e.foreign_ratio is not None and rule == "free_reserve":
+    others = _others(e)
+    if others:
+        assert e.foreign_ratio is not None
+        return _rounded_down((s.lowered_from or current) - e.foreign_ratio - UTILIZATION_MARGIN, rp)
+    if others is False and rule == "free_reserve":
         return s.gpu_memory_utilization
     return lowered_utilization(s, e, bp, rp)
 
 
+def _others(e: Evidence) -> bool | None:
+    """Whether other processes hold memory worth a restart on the engine's GPUs; None when NVML did not list them."""
+    return None if e.foreign_ratio is None else e.foreign_ratio > FOREIGN_NOISE_RATIO
+
+
+def _in_use(s: EngineState, e: Evidence) -> float | None:
+    """The engine's ``--gpu-memory-utilization`` now: guardian's lowered one, else what the engine reports."""
+    return s.gpu_memory_utilization or e.gpu_memory_utilization
+
+
+def _rounded_down(util: float, rp: ResponseParams) -> float:
+    """Down to the percent, never below ``min_gpu_memory_utilization``."""
+    return max(rp.min_gpu_memory_utilization, math.floor(util * 100 + 1e-9) / 100)
+
+
 def _room_for(util: float, s: EngineState, e: Evidence, bp: BreakerParams) -> bool:
     """Whether the engine at ``util`` would leave the reserve's exit share free, with the memory outside its pool now."""
-    current = s.gpu_memory_utilization or e.gpu_memory_utilization
+    current = _in_use(s, e)
     if e.free_ratio is None or current is None:
         return False
     return e.free_ratio - (util - current) >= breaker.reserve(e, bp)[1]
@@ -267,23 +281,23 @@ def _memory_page(a: Action, e: Evidence) -> Action:
     """A page for memory outside the pool: other processes named; the engine's own leak, cured by the restart, a warning."""
     if a.kind != "notify" or a.details.get("severity") != "page" or a.reason not in ("free_reserve", "oom") or e.foreign_ratio is None:
         return a
-    if e.foreign_ratio <= FOREIGN_NOISE_RATIO and a.reason == "free_reserve":
+    if not _others(e) and a.reason == "free_reserve":
         text = a.details["text"] + " (vLLM's own memory: the leak goes with its process)"
         return replace(a, details={**a.details, "severity": "warning", "text": text})
-    others = ", ".join(f"pid {pid} {b / 2**30:.1f} GiB" for pid, b in e.foreign[:3])
-    text = a.details["text"] + f"; other processes hold {e.foreign_ratio * 100:.1f}% of the GPU ({others})"
+    named = ", ".join(f"pid {pid} {b / 2**30:.1f} GiB" for pid, b in e.foreign[:3])
+    text = a.details["text"] + f"; other processes hold {e.foreign_ratio * 100:.1f}% of the GPU ({named})"
     return replace(a, details={**a.details, "text": text})
 
 
 def lowered_utilization(s: EngineState, e: Evidence, bp: BreakerParams, rp: ResponseParams) -> float | None:
     """A ``--gpu-memory-utilization`` that leaves the reserve free if the memory outside the pool comes back."""
-    current = s.gpu_memory_utilization or e.gpu_memory_utilization
+    current = _in_use(s, e)
     if current is None:
         return None
     shortfall = rp.utilization_step
     if e.free_ratio is not None:
         shortfall = max(0.01, bp.l3_free_reserve_ratio - e.free_ratio)
-    return max(rp.min_gpu_memory_utilization, math.floor((current - shortfall) * 100 + 1e-9) / 100)
+    return _rounded_down(current - shortfall, rp)
 
 
 def tuner_restart(name: str, s: EngineState, e: Evidence, t: float, tuned: Mapping[str, Any], why: str) -> tuple[EngineState, Action]:
@@ -354,7 +368,7 @@ def _number(key: str, value: float | int) -> str:
     label = {"kv_usage": "kv", "health_failures": "polls without an answer", "preemptions_per_second": "preemptions/s"}.get(
         key, key.removesuffix("_ratio").replace("_", " "))  # fmt: skip
     if key.endswith("_ratio") or key == "kv_usage":
-        return f"{label} {round(value * 100, 1) + 0.0:.1f}%"  # + 0.0: no "-0.0%" for a hair below zero"
+        return f"{label} {round(value * 100, 1) + 0.0:.1f}%"  # + 0.0: no "-0.0%" for a hair below zero
     return f"{label} {value:.3g}" if isinstance(value, float) else f"{label} {value}"
 
 
