@@ -80,8 +80,7 @@ class Admission:
         self.restart_seconds: float | None = None  # what the last restart took, drain to admit
         self._drain_began: float | None = None
         self.kv_tokens: int | None = None  # the engine's KV pool in tokens (blocks x block size), from the last poll
-        self.long_tokens = 0  # prompt tokens of the long requests in flight
-        self._long_in_flight: Counter[int] = Counter()  # their sizes, so a release matches its take whatever the pool is now
+        self._long_in_flight: Counter[int] = Counter()  # prompt sizes of the long requests in flight: a release matches its take
         self._queues: dict[Queue, deque[asyncio.Future[None]]] = {"high": deque(), "low": deque(), "long": deque()}
         self._tokens: dict[asyncio.Future[None], int] = {}  # a long waiter's prompt tokens
         self._since: dict[asyncio.Future[None], float] = {}  # when each waiter began to wait
@@ -93,6 +92,11 @@ class Admission:
     @property
     def queued(self) -> int:
         return sum(len(q) for q in self._queues.values())
+
+    @property
+    def long_tokens(self) -> int:
+        """Prompt tokens of the long requests in flight."""
+        return sum(size * n for size, n in self._long_in_flight.items())
 
     def is_long(self, tokens: int) -> bool:
         return self.kv_tokens is not None and tokens >= self.kv_tokens * LONG_REQUEST_RATIO
@@ -141,9 +145,11 @@ class Admission:
             raise
 
     def release(self, tokens: int = 0) -> None:
-        if self._long_in_flight[tokens] > 0:
-            self._long_in_flight[tokens] -= 1
-            self.long_tokens -= tokens
+        held = self._long_in_flight.get(tokens, 0)
+        if held > 1:
+            self._long_in_flight[tokens] = held - 1
+        elif held:
+            del self._long_in_flight[tokens]  # no zero entries: one per size ever seen would pile up
         self.in_flight -= 1
         if self.in_flight == 0:
             self._idle.set()
@@ -181,8 +187,8 @@ class Admission:
     def _may_dispatch(self, queue: Queue, tokens: int = 0) -> bool:
         if self.draining or self.in_flight >= self.cap:
             return False
-        if queue == "long" and self.kv_tokens is not None and self.long_tokens:
-            if self.long_tokens + tokens > self.kv_tokens * LONG_SHARE_RATIO:
+        if queue == "long" and self.kv_tokens is not None and (held := self.long_tokens):
+            if held + tokens > self.kv_tokens * LONG_SHARE_RATIO:
                 return False
         if queue != "high":
             reserve = min(self.cap - 1, math.ceil(self.cap * HIGH_RESERVE_RATIO))
@@ -204,7 +210,6 @@ class Admission:
     def _take(self, queue: Queue, tokens: int = 0) -> None:
         self._high_streak = self._high_streak + 1 if queue == "high" else 0
         if queue == "long":
-            self.long_tokens += tokens
             self._long_in_flight[tokens] += 1
         self.in_flight += 1
         self._idle.clear()
