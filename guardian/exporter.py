@@ -23,7 +23,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from guardian import __version__
 from guardian.listener import ListenerMetrics
 from guardian.policy.lifecycle import Phase
-from guardian.snapshot import PolicyView, Snapshot
+from guardian.sample import GatewayLoad
+from guardian.snapshot import GatewayView, PolicyView, Snapshot
 
 
 class Metrics:
@@ -413,13 +414,7 @@ def status(snap: Snapshot | None, started_wall: float, interval: float) -> dict[
             for name, st in snap.policy.states.items()
         }
     if snap.gateway:
-        loads = {g.engine: g for g in s.gateway}
-        out["gateway"] = {
-            name: {"in_flight": loads[name].in_flight if name in loads else None, "queued": loads[name].queued if name in loads else None,
-                   "cap": loads[name].cap if name in loads else None, "gates": v.gates, "routed": v.routed, "why_not": v.why_not,
-                   "refused": v.refused}
-            for name, v in snap.gateway.items()
-        }  # fmt: skip
+        out["gateway"] = {name: _gateway_status(v, s.gateway_load(name)) for name, v in snap.gateway.items()}
     out["alerts"] = [
         {"key": a.key, "severity": a.severity, "firing": a.firing, "since": _iso(a.since), "acked_by": a.acked_by,
          "told": a.told, "summary": a.summary}
@@ -480,6 +475,11 @@ def status(snap: Snapshot | None, started_wall: float, interval: float) -> dict[
             for name, f in snap.memory.fragmentation.items()
         }
     return out
+
+
+def _gateway_status(view: GatewayView, load: GatewayLoad | None) -> dict[str, Any]:
+    counts = {"in_flight": load.in_flight, "queued": load.queued, "cap": load.cap} if load else dict.fromkeys(("in_flight", "queued", "cap"))
+    return {**counts, "gates": view.gates, "routed": view.routed, "why_not": view.why_not, "refused": view.refused}
 
 
 def _engine_status(snap: Snapshot, name: str) -> dict[str, Any]:

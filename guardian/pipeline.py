@@ -116,6 +116,10 @@ class Pipeline:
         self.states = {name: self.states[name] for name in trackers}
         self._tuner_params = config.tuner.params if config.tuner else None  # built once per config, read every poll
         self._base_args = {e.name: config.base_args(e) for e in config.engines}  # presets validated once, not per poll
+        self._cap_params = concurrency.CapParams(
+            config.gateway.concurrency, full_kv_usage_ratio=config.breaker.l2_enter_kv_usage_ratio,
+            calm_preemptions_per_second=config.breaker.l3_calm_preemptions_per_second,
+        ) if config.gateway else None  # fmt: skip
         self._life = LifecycleParams(config.breaker.l3_dead_after_polls, config.actions.start_timeout_seconds)
         if (config.leak, config.fragmentation) != (self.config.leak, self.config.fragmentation):
             self._memory = MemoryWatch(config.leak, config.fragmentation.kv_pool_share, self.host_memory)
@@ -149,12 +153,9 @@ class Pipeline:
 
     def _cap(self, name: str, sample: Sample, sig: EngineSignals) -> list[Action]:
         """The gateway's cap follows what the engine's KV pool holds (``policy/concurrency.py``)."""
-        gw, load = self.config.gateway, sample.gateway_load(name)
-        if gw is None or load is None:
+        params, load = self._cap_params, sample.gateway_load(name)
+        if params is None or load is None:
             return []
-        bp = self.config.breaker
-        params = concurrency.CapParams(gw.concurrency, full_kv_usage_ratio=bp.l2_enter_kv_usage_ratio,
-                                       calm_preemptions_per_second=bp.l3_calm_preemptions_per_second)  # fmt: skip
         was = self.caps.get(name) or concurrency.CapState(load.cap)
         pressure = concurrency.Pressure(sig.running, sig.waiting, sig.kv_cache_usage, sig.preemptions_per_second,
                                         load.in_flight, load.queued)  # fmt: skip
