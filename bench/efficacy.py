@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from guardian import config as cfg  # noqa: E402
-from guardian import logs  # noqa: E402
+from guardian import logs, tune  # noqa: E402
 from guardian.actions.executor import EngineActuators, Executor  # noqa: E402
 from guardian.actions.outcome import Outcome  # noqa: E402
 from guardian.daemon import gateway_settings  # noqa: E402
@@ -172,10 +172,9 @@ class Result:
 
 
 def quantile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(math.ceil(q * len(ordered))) - 1))]
+    """``guardian tune``'s quantile, NaN for none (the table prints "-")."""
+    found = tune.quantile(values, q)
+    return float("nan") if found is None else found
 
 
 # -- one run ------------------------------------------------------------------------------------

@@ -111,8 +111,7 @@ def _parser() -> argparse.ArgumentParser:
         "level and why, restarts left, KV and P99 TTFT; the GPUs and suspected leaks; the gateway's queues and gates; "
         "firing alerts and who acknowledged them; the last actions. The address is the config's [guardian] listen.",
     )
-    status.add_argument("--config", "-c", type=Path, default=DEFAULT_CONFIG, metavar="PATH", help=f"the running guardian's config (default: {DEFAULT_CONFIG})")
-    status.add_argument("--url", metavar="URL", help="guardian's HTTP address instead, e.g. http://127.0.0.1:9400")
+    _reader_args(status)
     status.add_argument("--json", action="store_true", help="print /status as JSON instead")
     status.add_argument("--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C")
 
@@ -122,8 +121,7 @@ def _parser() -> argparse.ArgumentParser:
         description="List the alerts a running guardian tracks (its /status): severity, key, since when, firing or "
         "resolved, who acknowledged it, whether a message went out, and the text. Acknowledge one with guardian ack KEY.",
     )
-    alerts.add_argument("--config", "-c", type=Path, default=DEFAULT_CONFIG, metavar="PATH", help=f"the running guardian's config (default: {DEFAULT_CONFIG})")
-    alerts.add_argument("--url", metavar="URL", help="guardian's HTTP address instead, e.g. http://127.0.0.1:9400")
+    _reader_args(alerts)
     alerts.add_argument("--json", action="store_true", help="print them as JSON")
 
     ack = sub.add_parser(
@@ -196,6 +194,12 @@ def _operator_args(parser: argparse.ArgumentParser, who: bool = True) -> None:
                         help=f"guardian's config: where it listens, the token file (default: {DEFAULT_CONFIG})")  # fmt: skip
     if who:
         parser.add_argument("--who", default=os.environ.get("USER", "operator"), help="your name, for the log (default: $USER)")
+
+
+def _reader_args(parser: argparse.ArgumentParser) -> None:
+    """Where the running guardian answers, for the commands that read its /status: --config (its listen) or --url."""
+    _operator_args(parser, who=False)
+    parser.add_argument("--url", metavar="URL", help="guardian's HTTP address instead, e.g. http://127.0.0.1:9400")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -563,13 +567,9 @@ def _status(args: argparse.Namespace) -> int:
 
     url = args.url or _base_url(_load_or_exit(args.config))
     while True:
-        try:
-            doc = status_view.fetch(url)
-        except status_view.Unreachable as exc:
-            print(f"guardian status: {exc}", file=sys.stderr)
-            if not args.watch:
-                return 1
-            doc = None
+        doc = _running_status("status", url)
+        if doc is None and not args.watch:
+            return 1
         if doc is not None:
             text = json.dumps(doc, indent=2) if args.json else status_view.render(doc)
             print(("\x1b[H\x1b[2J" if args.watch and sys.stdout.isatty() else "") + text, flush=True)
@@ -581,15 +581,23 @@ def _status(args: argparse.Namespace) -> int:
 def _alerts(args: argparse.Namespace) -> int:
     from guardian import status_view
 
-    url = args.url or _base_url(_load_or_exit(args.config))
-    try:
-        doc = status_view.fetch(url)
-    except status_view.Unreachable as exc:
-        print(f"guardian alerts: {exc}", file=sys.stderr)
+    doc = _running_status("alerts", args.url or _base_url(_load_or_exit(args.config)))
+    if doc is None:
         return 1
     alerts = doc.get("alerts", [])
     print(json.dumps(alerts, indent=2) if args.json else status_view.render_alerts(alerts))
     return 0
+
+
+def _running_status(command: str, url: str) -> dict[str, Any] | None:
+    """The running guardian's /status; None, said on stderr, when it does not answer."""
+    from guardian import status_view
+
+    try:
+        return status_view.fetch(url)
+    except status_view.Unreachable as exc:
+        print(f"guardian {command}: {exc}", file=sys.stderr)
+        return None
 
 
 def _call_api(command: str, config_path: Path, path: str, body: dict[str, object]) -> dict[str, Any] | int:

@@ -838,18 +838,6 @@ def _field_types(model: Any) -> dict[str, Any]:
     return {name: f.annotation for name, f in getattr(model, "model_fields", {}).items()}
 
 
-def _fields_at(loc: tuple[Any, ...]) -> list[str]:
-    model: Any = Config
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        annotation = _field_types(model).get(part)
-        model = _model_in(annotation) if annotation is not None else None
-        if model is None:
-            return []
-    return list(_field_types(model))
-
-
 def _model_at(loc: tuple[Any, ...]) -> Any:
     """The model (pydantic or dataclass) that holds the key at ``loc``'s end; None when it cannot be told."""
     model: Any = Config
@@ -908,7 +896,8 @@ def _issue(err: Any) -> ConfigIssue:
     kind = err["type"]
     message = str(err["msg"])
     if kind in ("extra_forbidden", "unexpected_keyword_argument"):
-        known = _fields_at(loc[:-1])
+        holder = _model_at(loc)
+        known = list(_field_types(holder)) if holder is not None else []
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         fix = f"did you mean {close[0]!r}?" if close else ("known keys: " + ", ".join(known) if known else "remove it")
         return ConfigIssue(key, "unknown key", fix)

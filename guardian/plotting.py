@@ -25,3 +25,11 @@ def pyplot() -> Any:
 def check() -> None:
     """Raise PlotUnavailable now, before a command spends minutes on work whose plot it then could not draw."""
     pyplot()
+
+
+def plain_log_axis(axis: Any) -> None:
+    """A log scale's ticks as plain numbers (200, not 2x10^2), minor ticks unlabelled."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    axis.set_major_formatter(ScalarFormatter())
+    axis.set_minor_formatter(NullFormatter())

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from guardian import config as cfg
 from guardian.analysis.cost import Marginal
 from guardian.pipeline import Pipeline, tuner_move
-from guardian.plotting import pyplot
+from guardian.plotting import plain_log_axis, pyplot
 from guardian.record import from_record
 from guardian.replay import operator_command
 
@@ -210,7 +210,7 @@ def plot(tl: Timeline, config: cfg.Config, out: Path, inspect: Callable[[str, An
     ``inspect`` sees each figure before it is written (the tests read what was drawn from it).
     """
     plt = pyplot()
-    from matplotlib.ticker import MaxNLocator, NullFormatter, ScalarFormatter
+    from matplotlib.ticker import MaxNLocator
 
     out.mkdir(parents=True, exist_ok=True)
     t0 = tl.walls[0]
@@ -278,8 +278,7 @@ def plot(tl: Timeline, config: cfg.Config, out: Path, inspect: Callable[[str, An
     ax.set(title=f"P99 {metric} vs the SLO (grey dashed: restarts)", xlabel=xlabel, ylabel="ms")
     if drawn:
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(ScalarFormatter())  # 200, not 2x10^2
-        ax.yaxis.set_minor_formatter(NullFormatter())
+        plain_log_axis(ax.yaxis)
     else:
         no_data(ax, "no request finished in the record")
     ax.legend(fontsize=8)

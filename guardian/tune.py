@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, TextIO
 import aiohttp
 
 from guardian.actions.engine_args import EngineArgs, block_size_ok, overlay, valid_block_sizes
-from guardian.plotting import pyplot
+from guardian.plotting import plain_log_axis, pyplot
 
 
 class TuneError(ValueError):
@@ -388,8 +388,6 @@ async def run(search: Search, restart: Restart, out: TextIO | None = None) -> li
 def plot(results: list[Measurement], slo_seconds: float, path: Path, inspect: Callable[[Any], None] | None = None) -> None:
     """P99 and throughput against offered load, per point; the SLO a black line, the best point a star on both."""
     plt = pyplot()
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
-
     fig, (lat, thr) = plt.subplots(1, 2, figsize=(13, 4.8))
     for key in dict.fromkeys(m.point for m in results if m.error is None):
         ms = [m for m in results if m.point == key and m.error is None]
@@ -402,8 +400,7 @@ def plot(results: list[Measurement], slo_seconds: float, path: Path, inspect: Ca
                  label=f"best: {chosen.point}")  # fmt: skip
         thr.plot([chosen.rate], [chosen.requests_per_second], marker="*", ms=16, color="black", ls="none")
     lat.set(xlabel="offered load (req/s)", ylabel="P99 TTFT (ms)", title="P99 time to first token", yscale="log")
-    lat.yaxis.set_major_formatter(ScalarFormatter())
-    lat.yaxis.set_minor_formatter(NullFormatter())
+    plain_log_axis(lat.yaxis)
     thr.set(xlabel="offered load (req/s)", ylabel="finished (req/s)", title="throughput")
     lat.legend(fontsize=7)
     if inspect is not None:

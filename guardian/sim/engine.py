@@ -114,7 +114,7 @@ class EngineModel:
         self.running: list[SimRequest] = []
         self.paused: Literal["abort", "wait", "keep"] | None = None
         self.sleep_level = 0
-        self.prefix_cold_until = 0.0  # a new engine's cache is empty: see prefix_hit_ratio; start() makes it so
+        self.prefix_cold_until = 0.0  # warm from the start, as before; a host's fresh engine starts cold (start_cold)
         self.busy_seconds = 0.0  # time spent in steps: the simulated GPU's utilisation
         self.metrics = VllmMetrics(p.model_name, p.cache_config(), spec_positions=p.spec_tokens)
         self.metrics.kv_usage.set(0)

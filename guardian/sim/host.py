@@ -93,7 +93,7 @@ class SimHost:
         self.started = loop.time()
         self.phase = "loading"
         self.restart_pending = False
-        self.gpu.overhang_bytes = 0  # a leak in the old process died with it
+        self.gpu.overhang_bytes = 0  # a new process: a leak of the old one died with it
         self.engine = EngineModel(engine_params(self.base, self.args), seed=self.seed * 1000 + self._generation)
         self.gpu.engine, self.gpu.pid, self.gpu.loading = self.engine, self.pid, True
         low, high = self.params.load_seconds
@@ -149,8 +149,7 @@ class SimHost:
         self._generation += 1
         self.phase = "exited"
         self.engine = None
-        self.gpu.engine, self.gpu.pid, self.gpu.loading = None, None, False
-        self.gpu.overhang_bytes = 0
+        self.gpu.engine, self.gpu.pid, self.gpu.loading = None, None, False  # no process: its memory counts for nothing
         self._wake.set()
         self.restart_pending = supervise
         if supervise:
