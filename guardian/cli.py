@@ -490,7 +490,9 @@ def _analyze(args: argparse.Namespace) -> int:
     if not series:
         print("guardian analyze: no usable memory readings in the input", file=sys.stderr)
         return 2
-    params = dataclasses.replace(cfg.LeakParams(), warmup_seconds=max(args.warmup, 1e-9))
+    from guardian.analysis.leak import LeakParams
+
+    params = dataclasses.replace(LeakParams(), warmup_seconds=max(args.warmup, 1e-9))
     verdicts = analyze.analyze(series, params)
     print(json.dumps(analyze.to_json(verdicts), indent=2) if args.json else analyze.render(verdicts))
     if args.plot:

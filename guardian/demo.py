@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import TextIO
 
 from guardian import config as cfg
+from guardian.analysis.leak import LeakParams
 from guardian.daemon import Daemon
+from guardian.policy.breaker import BreakerParams
 from guardian.record import SampleRecorder
 from guardian.sim import scenarios
 from guardian.sim.cluster import SimCluster
@@ -33,14 +35,14 @@ from guardian.summary_line import summary
 # called one within the demo's 90 s (a real host keeps the defaults: three
 # steps inside six hours, each held three minutes and settled for thirty).
 DEMO_LEAK = dataclasses.replace(
-    cfg.LeakParams(), warmup_seconds=2.0, settle_seconds=3.0, envelope_seconds=3.0, max_envelope_seconds=30.0,
+    LeakParams(), warmup_seconds=2.0, settle_seconds=3.0, envelope_seconds=3.0, max_envelope_seconds=30.0,
     hold_seconds=12.0, leak_steps=2, regret_seconds=5.0,
 )  # fmt: skip
 # Likewise the breaker: seconds instead of minutes, so a level is entered and
 # left while you watch. The thresholds are the defaults unless the scenario
 # names its own (breaker-staircase does).
 DEMO_BREAKER = dataclasses.replace(
-    cfg.BreakerParams(),
+    BreakerParams(),
     l1_sustain_seconds=3.0, l2_sustain_seconds=5.0, l3_sustain_seconds=2.0,
     l1_exit_hold_seconds=5.0, l2_exit_hold_seconds=5.0, l3_exit_hold_seconds=5.0,
 )  # fmt: skip

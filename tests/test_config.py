@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from guardian import config as cfg
+from guardian.config import loading
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = '[[engines]]\nname = "a"\nurl = "http://127.0.0.1:8000"\n'
@@ -317,7 +318,7 @@ def test_every_config_key_is_in_the_example_config() -> None:
     def walk(model: object, prefix: str) -> None:
         for name, annotation in fields(model).items():
             key = f"{prefix}.{name}" if prefix else name
-            sub = None if isinstance(annotation, str) else cfg._model_in(annotation)
+            sub = None if isinstance(annotation, str) else loading._model_in(annotation)
             if sub is not None and getattr(annotation, "__origin__", None) is not dict:
                 walk(sub, key)
             elif name not in headers and not re.search(rf"\b{re.escape(name)}\s*=", text):

@@ -10,14 +10,25 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
-from guardian.config import ProcessSection
 from guardian.sample import ProcReading
 
 RESCAN_SECONDS = 30.0  # how often a name match looks for new roots while the old ones live
 CHILDREN_SECONDS = 10.0  # how often a live tree is walked for new children (psutil reads all of /proc)
+
+
+class ProcessLookup(Protocol):
+    """How to find an engine's processes, exactly one of the three set (``[engines.process]`` is one)."""
+
+    @property
+    def systemd_unit(self) -> str | None: ...
+    @property
+    def pid_file(self) -> Path | None: ...
+    @property
+    def match(self) -> str | None: ...
 
 
 class ProcessNotFound(RuntimeError):
@@ -25,7 +36,7 @@ class ProcessNotFound(RuntimeError):
 
 
 class ProcessSource:
-    def __init__(self, section: ProcessSection, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
+    def __init__(self, section: ProcessLookup, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
         self._section = section
         self._cgroup_root = cgroup_root
         self._cgroup: Path | None = None
