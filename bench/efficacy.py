@@ -56,7 +56,8 @@ sys.path.insert(0, str(ROOT))
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from guardian import config as cfg  # noqa: E402
-from guardian import logs, tune  # noqa: E402
+from guardian import logs  # noqa: E402
+from guardian.commands import tune_search as tune  # noqa: E402
 from guardian.actions.executor import EngineActuators, Executor  # noqa: E402
 from guardian.actions.outcome import Outcome  # noqa: E402
 from guardian.daemon import gateway_settings  # noqa: E402

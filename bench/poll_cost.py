@@ -79,6 +79,7 @@ async def measure_polls(ports: list[int], gpus: int, polls: int, pid_file: Path,
     )
     daemon = Daemon(config, nvml_module=nvml, notifier=Notifier(address=""))
     await daemon.start()
+    assert daemon.poller is not None
     daemon.poller.pause()  # polls driven here, back to back
     try:
         for _ in range(10):  # warm-up: connections, parser caches, windows

@@ -20,9 +20,9 @@ import aiohttp
 import pytest
 
 from guardian import config as cfg
-from guardian import replay, report
+from guardian.commands import replay, report
 from guardian.daemon import Daemon
-from guardian.demo import DEMO_ACTIONS, DEMO_LEAK, demo_config
+from guardian.commands.demo import DEMO_ACTIONS, DEMO_LEAK, demo_config
 from guardian.record import SampleRecorder
 from guardian.sdnotify import Notifier
 from guardian.sim import scenarios
@@ -243,7 +243,7 @@ async def test_a_hanging_sms_provider_is_counted_as_notify_overruns_never_as_mis
     daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""), deliverers={"sms": _HangingSms()})
     await daemon.start()
     try:
-        daemon._carry_out(daemon.pipeline.command(Command("force", "sim0", "test", 3), clock.monotonic(), clock.time()))
+        daemon.carry_out(daemon.pipeline.command(Command("force", "sim0", "test", 3), clock.monotonic(), clock.time()))
         await asyncio.sleep(4)
         page = daemon.metrics.render().decode()
     finally:

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from guardian import config as cfg
-from guardian import exporter, logs
+from guardian import logs, status_json
 from guardian.analysis.leak import LeakParams
 from guardian.policy import breaker
 from guardian.policy.breaker import BreakerParams
@@ -281,7 +281,7 @@ async def test_a_leak_step_is_found_exported_and_logged(cluster: SimCluster, cap
                 break
             await asyncio.sleep(0.02)
         text = daemon.metrics.render().decode()
-        status = exporter.status(snap, 0, 1)
+        status = status_json.status(snap, 0, 1)
     finally:
         await daemon.close()
     report = snap.memory.leaks["engine/sim0/gpu"]

@@ -466,7 +466,7 @@ async def test_both_listeners_of_a_running_guardian_take_a_fuzz_without_a_5xx_a_
     import psutil
 
     from guardian.daemon import Daemon
-    from guardian.demo import demo_config
+    from guardian.commands.demo import demo_config
     from guardian.sdnotify import Notifier
     from guardian.sim import scenarios
     from guardian.sim.cluster import SimCluster

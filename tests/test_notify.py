@@ -361,11 +361,11 @@ async def test_alertmanager_gets_a_5xx_while_the_outbox_cannot_be_written(tmp_pa
             daemon = Daemon(config, notifier=Notifier(address=""), nvml_module=None)
             await daemon.start()
             try:
-                code, doc = await daemon._api("api-secret", "alertmanager", AM_PAYLOAD)
+                code, doc = await daemon.api("api-secret", "alertmanager", AM_PAYLOAD)
                 assert code == 503 and "send them again" in doc["error"]
-                assert (await daemon._api("api-secret", "alertmanager", {"nope": 1}))[0] == 400
+                assert (await daemon.api("api-secret", "alertmanager", {"nope": 1}))[0] == 400
                 (tmp_path / "state" / "outbox").unlink()
-                assert await daemon._api("api-secret", "alertmanager", AM_PAYLOAD) == (200, {"alerts": 1})
+                assert await daemon.api("api-secret", "alertmanager", AM_PAYLOAD) == (200, {"alerts": 1})
                 assert len(list((tmp_path / "state" / "outbox").iterdir())) == 1
             finally:
                 await daemon.close()

@@ -12,7 +12,7 @@ from guardian.daemon import Daemon
 from guardian.policy.response import Command
 from guardian.sdnotify import Notifier
 from guardian.sim.cluster import SimCluster
-from guardian.status_view import render
+from guardian.commands.status_view import render
 
 
 async def _daemon(cluster: SimCluster, tmp_path) -> Daemon:  # type: ignore[no-untyped-def]
@@ -33,7 +33,7 @@ async def test_status_shows_engines_gpus_gateway_alerts_and_actions_in_80_column
         await daemon.poll_once()
         calm = render(_status(daemon))
         decision = daemon.pipeline.command(Command("force", "sim0", "alice", 3), time.monotonic(), time.time())
-        daemon._carry_out(decision)
+        daemon.carry_out(decision)
         await asyncio.sleep(0.1)  # the gates and the page are carried out
         await daemon.poll_once()
         forced = render(_status(daemon))
@@ -69,7 +69,7 @@ def test_status_says_where_it_looked_when_no_guardian_answers() -> None:
 
 
 def _status(daemon: Daemon) -> dict:  # type: ignore[type-arg]
-    from guardian.exporter import status
+    from guardian.status_json import status
 
     return status(daemon.snapshot, time.time() - 60, daemon.config.guardian.poll_interval_seconds)
 
@@ -77,7 +77,7 @@ def _status(daemon: Daemon) -> dict:  # type: ignore[type-arg]
 async def test_guardian_run_on_a_terminal_prints_a_line_of_what_moved(cluster: SimCluster, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import io
 
-    from guardian import daemon as daemon_module
+    from guardian.daemon import loop as daemon_module
 
     monkeypatch.setattr(daemon_module, "SUMMARY_EVERY_SECONDS", 0.5)
     out = io.StringIO()

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from guardian import cli, tune
-from guardian.tune import Measurement, Point
+from guardian import cli
+from guardian.commands import tune_search as tune
+from guardian.commands.tune_search import Measurement, Point
 
 
 def _m(point: str, rate: float, p99: float | None, rps: float, failed: int = 0, error: str | None = None) -> Measurement:

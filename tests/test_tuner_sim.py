@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from guardian import cli, replay
+from guardian import cli
+from guardian.commands import replay
 from guardian import config as cfg
 from guardian.daemon import Daemon
-from guardian.demo import demo_config
+from guardian.commands.demo import demo_config
 from guardian.record import SampleRecorder
 from guardian.sdnotify import Notifier
 from guardian.sim import scenarios

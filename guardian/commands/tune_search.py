@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, TextIO
 import aiohttp
 
 from guardian.actions.engine_args import EngineArgs, block_size_ok, overlay, valid_block_sizes
-from guardian.plotting import plain_log_axis, pyplot
+from guardian.commands.plotting import plain_log_axis, pyplot
 
 
 class TuneError(ValueError):

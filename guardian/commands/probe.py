@@ -8,12 +8,17 @@ lifetime (one scrape has no window); the daemon's are over its window.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
+import os
+import sys
 from typing import Any
 
 import aiohttp
 import pynvml
 
+from guardian import config as cfg
 from guardian.actions.vllm_admin import VllmAdmin
 from guardian.analysis.latency import histogram_quantile
 from guardian.sample import CoreReading, NvmlReading
@@ -166,3 +171,23 @@ def _ms(value: float | None) -> str:
 
 def _gib(value: int | None) -> str:
     return "?" if value is None else f"{value / 2**30:.1f} GiB"
+
+
+def main(args: argparse.Namespace) -> int:
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    if args.api_key_env and api_key is None:
+        print(f"guardian probe: environment variable {args.api_key_env} is not set", file=sys.stderr)
+        return 2
+    try:
+        cfg.EngineSection(name="probe", url=args.vllm)
+    except Exception:
+        print(f"guardian probe: {args.vllm!r} is not an http(s) base URL, e.g. http://127.0.0.1:8000", file=sys.stderr)
+        return 2
+    nvml_module = None
+    if not args.no_nvml:
+        import pynvml
+
+        nvml_module = pynvml
+    result = asyncio.run(probe(args.vllm, args.timeout, api_key, nvml_module))
+    print(json.dumps(result, indent=2) if args.json else render_text(result))
+    return 0 if result["up"] else 1

@@ -10,13 +10,16 @@ decided; with ``--config`` it shows what other thresholds would have done.
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
 from guardian import config as cfg
+from guardian.commands.common import load_or_exit
 from guardian.pipeline import Decision, Pipeline
 from guardian.policy.response import Command, restart_text
 from guardian.record import from_record
@@ -159,3 +162,30 @@ def _brief(record: dict[str, Any]) -> str:
     moves = [f"{t['engine']} L{t['from']}->L{t['to']} {t['rule']}" for t in record["transitions"]]
     acts = [f"{a['engine']} {a['kind']}" for a in record["actions"]]
     return "; ".join(moves + acts) or "(nothing)"
+
+
+def main(args: argparse.Namespace) -> int:
+    override = load_or_exit(args.config) if args.config else None
+    header, records, problems = read(args.files)
+    for problem in problems[:50]:
+        print(f"skipped: {problem}", file=sys.stderr)
+    try:
+        config = config_from(header, override)
+        result = replay(config, header, records, problems)
+    except ReplayError as exc:
+        print(f"guardian replay: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        for decision in result.decisions:
+            print(json.dumps(decision.to_record()))
+    else:
+        print(render(result))
+    print(f"{result.samples} samples, {len(result.decisions)} decisions", file=sys.stderr)
+    if override is not None:
+        return 0
+    difference = result.first_difference()
+    if difference is None:
+        print("identical to the decisions the live run recorded", file=sys.stderr)
+        return 0
+    print(f"differs from the live run: {difference}", file=sys.stderr)
+    return 1

@@ -8,12 +8,16 @@ queues; what is firing and who has acknowledged it; the last actions.
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timezone
 from typing import Any
+
+from guardian.commands.common import base_url, load_or_exit
 
 WIDTH = 80
 
@@ -159,3 +163,36 @@ def _span(seconds: float | None) -> str:
 
 def _shown(value: float | None, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
+
+
+def status(args: argparse.Namespace) -> int:
+    url = args.url or base_url(load_or_exit(args.config))
+    while True:
+        doc = _running_status("status", url)
+        if doc is None and not args.watch:
+            return 1
+        if doc is not None:
+            text = json.dumps(doc, indent=2) if args.json else render(doc)
+            print(("\x1b[H\x1b[2J" if args.watch and sys.stdout.isatty() else "") + text, flush=True)
+        if not args.watch:
+            return 0
+        time.sleep(args.watch)
+
+
+def alerts(args: argparse.Namespace) -> int:
+    doc = _running_status("alerts", args.url or base_url(load_or_exit(args.config)))
+    if doc is None:
+        return 1
+    alerts = doc.get("alerts", [])
+    print(json.dumps(alerts, indent=2) if args.json else render_alerts(alerts))
+    return 0
+
+
+def _running_status(command: str, url: str) -> dict[str, Any] | None:
+    """The running guardian's /status; None, said on stderr, when it does not answer."""
+
+    try:
+        return fetch(url)
+    except Unreachable as exc:
+        print(f"guardian {command}: {exc}", file=sys.stderr)
+        return None

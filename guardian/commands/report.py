@@ -16,6 +16,8 @@ and speculation).
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -24,10 +26,11 @@ from typing import Any, Callable
 
 from guardian import config as cfg
 from guardian.analysis.cost import Marginal
+from guardian.commands import replay
+from guardian.commands.common import load_or_exit
+from guardian.commands.plotting import PlotUnavailable, plain_log_axis, pyplot
 from guardian.pipeline import Pipeline, tuner_move
-from guardian.plotting import plain_log_axis, pyplot
 from guardian.record import from_record
-from guardian.replay import operator_command
 
 GiB = 2**30
 
@@ -77,7 +80,7 @@ def build(config: cfg.Config, header: dict[str, Any] | None, records: list[dict[
     for record in records:  # the whole file feeds the detectors; only the last hours are reported
         if record.get("kind") == "decision" and record.get("command"):
             try:  # an operator's force or clear: the levels after it are the forced ones
-                forced = operator_command(pipeline, record)
+                forced = replay.operator_command(pipeline, record)
             except KeyError:
                 continue
             if forced.wall >= start:
@@ -304,3 +307,32 @@ def plot(tl: Timeline, config: cfg.Config, out: Path, inspect: Callable[[str, An
         no_data(ax, "the tuner was not configured for this record")
     save(fig, "tuning.png")
     return written
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.hours is not None and args.hours <= 0:
+        print("guardian report: --hours must be above 0", file=sys.stderr)
+        return 2
+    missing = [str(f) for f in args.files if not f.is_file()]
+    if missing:
+        print(f"guardian report: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    override = load_or_exit(args.config) if args.config else None
+    try:
+        header, records, problems = replay.read(args.files)
+        config = replay.config_from(header, override)
+        timeline = build(config, header, records, args.hours)
+    except (replay.ReplayError, ReportError) as exc:
+        print(f"guardian report: {exc}", file=sys.stderr)
+        return 2
+    for problem in problems[:20]:
+        print(f"skipped: {problem}", file=sys.stderr)
+    print(render(timeline, config, ", ".join(str(f) for f in args.files)))
+    if args.plot:
+        try:
+            for path in plot(timeline, config, args.plot):
+                print(f"plot: {path}")
+        except PlotUnavailable as exc:
+            print(f"guardian report: {exc}", file=sys.stderr)
+            return 2
+    return 0

@@ -8,6 +8,7 @@ is what guardian would show on a GPU host.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import signal
@@ -19,15 +20,15 @@ from pathlib import Path
 from typing import TextIO
 
 from guardian import config as cfg
+from guardian import logs
 from guardian.analysis.leak import LeakParams
-from guardian.daemon import Daemon
+from guardian.daemon import Daemon, StartupError
 from guardian.policy.breaker import BreakerParams
 from guardian.record import SampleRecorder
 from guardian.sim import scenarios
 from guardian.sim.cluster import SimCluster
 from guardian.sim.launcher import SimLauncher
 from guardian.summary_line import summary
-
 
 # A simulated engine loads in seconds and its memory has no background: the
 # detector's times in seconds instead of minutes. Two steps make a leak here and
@@ -166,3 +167,19 @@ def _gateway_text(daemon: Daemon) -> str:
     if refused:
         text += " refused " + " ".join(f"{k} {v}" for k, v in sorted(refused.items()))
     return text
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.engines < 1 or args.interval <= 0:
+        print("guardian demo: --engines must be at least 1 and --interval above 0", file=sys.stderr)
+        return 2
+    logs.configure("console", "info")
+
+    duration = args.duration if args.duration is not None else scenarios.get(args.scenario).demo_seconds
+    try:
+        return asyncio.run(
+            run_demo(args.scenario, duration, args.port, args.engines, args.seed, args.interval, record=args.record)
+        )
+    except StartupError as exc:
+        print(f"guardian demo: {str(exc).replace('(guardian.listen)', '(--port)')}", file=sys.stderr)
+        return 1

@@ -9,17 +9,21 @@ read is reported with its file and line and skipped; it never ends the run.
 
 from __future__ import annotations
 
+import argparse
 import csv
+import dataclasses
 import json
 import math
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from guardian.analysis.leak import LeakParams
 from guardian.analysis.leak import Episode, LeakDetector, LeakParams, LeakReport, Step, episodes
-from guardian.plotting import PlotUnavailable, pyplot
+from guardian.commands.plotting import PlotUnavailable, pyplot
 
 MiB = 2**20
 GiB = 2**30
@@ -370,3 +374,29 @@ def plot(verdicts: list[Verdict], out: Path) -> None:
 
 def _when(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.warmup < 0:
+        print("guardian analyze: --warmup must be 0 or more", file=sys.stderr)
+        return 2
+    series, problems = read(args.files)
+    for problem in problems[:50]:
+        print(f"skipped: {problem}", file=sys.stderr)
+    if len(problems) > 50:
+        print(f"skipped: … and {len(problems) - 50} more rows", file=sys.stderr)
+    if not series:
+        print("guardian analyze: no usable memory readings in the input", file=sys.stderr)
+        return 2
+
+    params = dataclasses.replace(LeakParams(), warmup_seconds=max(args.warmup, 1e-9))
+    verdicts = analyze(series, params)
+    print(json.dumps(to_json(verdicts), indent=2) if args.json else render(verdicts))
+    if args.plot:
+        try:
+            plot(verdicts, args.plot)
+        except InputError as exc:
+            print(f"guardian analyze: {exc}", file=sys.stderr)
+            return 2
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 1 if any(v.leak for v in verdicts) else 0
