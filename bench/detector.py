@@ -47,7 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from guardian.commands import analyze  # noqa: E402
-from guardian.analysis.leak import LeakParams  # noqa: E402
+from guardian.analysis.leak_rule import LeakParams  # noqa: E402
 from guardian.sim import smi_logs  # noqa: E402
 
 WEEK = 7 * 86400.0

@@ -17,7 +17,7 @@ import pytest
 
 from guardian import config as cfg
 from guardian import logs, status_json
-from guardian.analysis.leak import LeakParams
+from guardian.analysis.leak_rule import LeakParams
 from guardian.policy import breaker
 from guardian.policy.breaker import BreakerParams
 from guardian.policy.evidence import EvidenceMemory, evidence

@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from guardian.analysis.leak import LeakDetector, LeakParams, episodes
+from guardian.analysis.leak import LeakDetector
+from guardian.analysis.leak_rule import LeakParams, episodes
 from guardian.sim import traces
 
 GiB = 2**30

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from guardian.analysis.engine_stats import EngineSignals
 from guardian.analysis.fragmentation import Fragmentation, fragmentation, kv_internal_fragmentation
-from guardian.analysis.leak import LeakDetector, LeakParams, LeakReport
+from guardian.analysis.leak import LeakDetector
+from guardian.analysis.leak_rule import LeakParams, LeakReport
 from guardian.sample import EngineReading, Sample
 
 

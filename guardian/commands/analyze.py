@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from guardian.analysis.leak import LeakParams
-from guardian.analysis.leak import Episode, LeakDetector, LeakParams, LeakReport, Step, episodes
+from guardian.analysis.leak import LeakDetector
+from guardian.analysis.leak_rule import Episode, LeakParams, LeakReport, Step, episodes
 from guardian.commands.plotting import PlotUnavailable, pyplot
 
 MiB = 2**20

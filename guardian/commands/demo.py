@@ -21,7 +21,7 @@ from typing import TextIO
 
 from guardian import config as cfg
 from guardian import logs
-from guardian.analysis.leak import LeakParams
+from guardian.analysis.leak_rule import LeakParams
 from guardian.daemon import Daemon, StartupError
 from guardian.policy.breaker import BreakerParams
 from guardian.record import SampleRecorder

@@ -10,7 +10,7 @@ import dataclasses
 
 from pydantic import ConfigDict, Field
 
-from guardian.analysis.leak import LeakParams
+from guardian.analysis.leak_rule import LeakParams
 from guardian.config.base import Problem, Section, all_positive, refuse
 from guardian.policy.breaker import BreakerParams
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import field_validator, model_validator
 
 from guardian.actions.engine_args import Value
-from guardian.analysis.leak import LeakParams
+from guardian.analysis.leak_rule import LeakParams
 from guardian.config.actions import ActionsSection
 from guardian.config.base import Problem, loopback_host, Section, refuse, parse_listen
 from guardian.config.engines import EngineSection, GpuSection

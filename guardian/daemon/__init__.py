@@ -5,7 +5,8 @@ the running parts from a config (at start and on reload); ``readers`` the
 blocking inputs (NVML, the process scan) off the loop; ``observe`` the events
 and counters for what a poll saw and decided; ``persistence`` the policy
 state on disk; ``children`` what a starting guardian does to the engines it
-finds; ``http_api`` guardian's own listener and its authenticated API.
+finds; ``http_api`` guardian's own listener and its authenticated API;
+``views`` what the running parts look like from outside (/status, STATUS=).
 """
 
 from guardian.daemon.loop import Daemon

@@ -40,6 +40,7 @@ from guardian.daemon.http_api import ControlApi, make_app
 from guardian.daemon.observe import FailureLog, MemoryLog, observe_decision, observe_engine
 from guardian.daemon.persistence import PolicyStore
 from guardian.daemon.readers import Readers, with_processes
+from guardian.daemon.views import alert_views, policy_view, status_line
 from guardian.daemon.wiring import EngineHandle, StartupError
 from guardian.exporter import Metrics
 from guardian.gateway.proxy import GatewayServer
@@ -50,7 +51,7 @@ from guardian.policy.response import Action
 from guardian.record import SampleRecorder
 from guardian.sample import Sample
 from guardian.sdnotify import Notifier, watchdog_interval
-from guardian.snapshot import ActionView, AlertView, PolicyView, Snapshot
+from guardian.snapshot import ActionView, Snapshot
 from guardian.summary_line import summary
 from guardian.ticker import Ticker
 
@@ -267,7 +268,7 @@ class Daemon:
                 problems=[f"{i.key}: {i.message} (fix: {i.fix})" for i in exc.issues],
                 detail="keeping the running config",
             )
-            self.notifier.ready(self._status_line())
+            self.notifier.ready(status_line(self.snapshot, self.pipeline))
             return False
         old = self.config
         if new.guardian.listen != old.guardian.listen:
@@ -293,7 +294,7 @@ class Daemon:
             self.poller.interval = new.guardian.poll_interval_seconds  # from the next tick on
         self.metrics.reloads.labels("applied").inc()
         log.info("config_reloaded", config=str(self.config_path), engines=[e.name for e in new.engines])
-        self.notifier.ready(self._status_line())
+        self.notifier.ready(status_line(self.snapshot, self.pipeline))
         return True
 
     def _set_engines(self, config: cfg.Config) -> None:
@@ -351,18 +352,18 @@ class Daemon:
             poll_seconds=elapsed,
             memory=result.memory,
             urls={e.section.name: e.section.url for e in engines},
-            policy=self._policy_view(),
+            policy=policy_view(self.pipeline, self.dry_run, self.executor.restarting if self.executor else []),
             costs=result.costs,
             marginals={n: m for n in result.costs if (m := self.pipeline.marginal(n)) is not None},
             gateway=self.gateway.views() if self.gateway is not None else {},
-            alerts=self._alert_views(),
+            alerts=alert_views(self.notifications),
             actions=tuple(self._actions),
         )
         self.last_poll_monotonic = time.monotonic()
         self.metrics.polls.inc()
         self.metrics.poll_duration.observe(elapsed)
         self.metrics.last_poll.set(time.time())
-        status = self._status_line()
+        status = status_line(self.snapshot, self.pipeline)
         if not self._ready_sent:
             self.notifier.ready(status)
             self._ready_sent = True
@@ -402,32 +403,3 @@ class Daemon:
             self._record_log.observe("record", f"{self._record.path}: {exc.strerror or exc}")
         else:
             self._record_log.observe(None, None)
-
-    # -- views ------------------------------------------------------------------
-
-    def _alert_views(self) -> tuple[AlertView, ...]:
-        if self.notifications is None:
-            return ()
-        return tuple(AlertView(t.alert.key, t.alert.severity, t.firing, t.first_seen, t.acked_by, t.notified_at is not None, t.alert.summary)
-                     for t in self.notifications.state.alerts.values())  # fmt: skip
-
-    def _policy_view(self) -> PolicyView:
-        return PolicyView(
-            states=dict(self.pipeline.states),
-            budget=self.config.actions.restart_budget,
-            budget_left={name: self.pipeline.budget_left(name) for name in self.pipeline.states},
-            dry_run=self.dry_run,
-            restarting=self.executor.restarting if self.executor else [],
-            tuners=dict(self.pipeline.tuners),
-            tuner_limits=dict(self.pipeline.tuner_limits),
-            tuner_holds=dict(self.pipeline.tuner_holds),
-            phases={name: self.pipeline.phase(name) for name in self.pipeline.states},
-        )
-
-    def _status_line(self) -> str:
-        snap = self.snapshot
-        if snap is None:
-            return "starting"
-        parts = [f"{len(snap.nvml.gpus)} GPU" + ("" if snap.nvml.ok else " (NVML lost)")]
-        parts += [f"{name}: L{int(self.pipeline.level(name))} {sig.brief()}" for name, sig in snap.engines.items()]
-        return "; ".join(parts)

@@ -27,10 +27,11 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from guardian.sim.dev_endpoints import VLLM_VERSION, DevEndpoints
 from guardian.sim.engine import EngineModel, SimRequest
 from guardian.sim.fake_nvml import SimGpu
+from guardian.sim.openai_bodies import error, final, read_json, usage
 
-VLLM_VERSION = "0.33.0"
 EXIT_AFTER_SECONDS = 3.0  # a real server answers /health 503 this long after its engine core died, then exits
 CHARS_PER_TOKEN = 4  # the simulator's tokenizer: one token per four characters of text
 
@@ -67,9 +68,9 @@ class SimServer:
         self._host = "127.0.0.1"
         self._ticker: asyncio.Task[None] | None = None
         self._exit: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
-        self._resumed = asyncio.Event()
-        self._resumed.set()
+        self.wake = asyncio.Event()  # the engine has work: the ticker steps it now
+        self.resumed = asyncio.Event()  # clear while paused: new requests wait for /resume
+        self.resumed.set()
         self.port: int | None = None
 
     @property
@@ -95,15 +96,7 @@ class SimServer:
         r.add_post("/tokenize", self._tokenize)
         r.add_get("/sim/state", self._state)  # the simulator's ground truth; not a vLLM endpoint
         if self.dev_mode:
-            r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
-            r.add_post("/pause", self._pause)
-            r.add_post("/resume", self._resume)
-            r.add_get("/is_paused", self._is_paused)
-            r.add_post("/sleep", self._sleep)
-            r.add_post("/wake_up", self._wake_up)
-            r.add_get("/is_sleeping", self._is_sleeping)
-            r.add_get("/server_info", self._server_info)
-            r.add_post("/release_kv_cache_memory", self._release_kv_cache_memory)
+            DevEndpoints(self).add_to(r)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         self._host, self.port = host, port
@@ -150,9 +143,9 @@ class SimServer:
             if self.engine.has_work:
                 await asyncio.sleep(0.005)
             else:
-                self._wake.clear()
+                self.wake.clear()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), 0.1)
+                    await asyncio.wait_for(self.wake.wait(), 0.1)
                 except asyncio.TimeoutError:
                     pass
 
@@ -175,8 +168,8 @@ class SimServer:
             self.gpu.engine = engine
         self.loading = False
         await self._listen()
-        self._resumed.set()
-        self._wake.set()
+        self.resumed.set()
+        self.wake.set()
         if crash:
             self.crash()
 
@@ -251,7 +244,7 @@ class SimServer:
         )
 
     async def _tokenize(self, request: web.Request) -> web.Response:
-        body = await _json(request)
+        body = await read_json(request)
         if isinstance(body, web.Response):
             return body
         text = body.get("prompt") or " ".join(str(m.get("content", "")) for m in body.get("messages", []))
@@ -267,18 +260,18 @@ class SimServer:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        body = await _json(request)
+        body = await read_json(request)
         if isinstance(body, web.Response):
             return body
         p = self.engine.params
         if self.dead:
-            return _error(500, "EngineCore encountered an issue.", "InternalServerError")
+            return error(500, "EngineCore encountered an issue.", "InternalServerError")
         if body.get("model", p.model_name) != p.model_name:
-            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+            return error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
-                return _error(400, "messages must be a non-empty list", "BadRequestError")
+                return error(400, "messages must be a non-empty list", "BadRequestError")
             prompt_tokens = sum(count_tokens(str(m.get("content", ""))) + 4 for m in messages)
         else:
             prompt = body.get("prompt")
@@ -287,20 +280,20 @@ class SimServer:
             elif isinstance(prompt, str):
                 prompt_tokens = count_tokens(prompt)
             else:
-                return _error(400, "prompt must be a string or a list of token ids", "BadRequestError")
+                return error(400, "prompt must be a string or a list of token ids", "BadRequestError")
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         if max_tokens is None:
             max_tokens = p.max_model_len - prompt_tokens if chat else 16
         if not isinstance(max_tokens, int) or max_tokens < 1:
-            return _error(400, "max_tokens must be a positive integer", "BadRequestError")
+            return error(400, "max_tokens must be a positive integer", "BadRequestError")
         if self.engine.paused is not None:
-            await self._resumed.wait()  # a paused vLLM holds new requests until /resume
+            await self.resumed.wait()  # a paused vLLM holds new requests until /resume
         refusal = self.engine.accepts()
         if refusal is not None:
-            return _error(503, f"Service unavailable: {refusal}", "ServiceUnavailableError")
+            return error(503, f"Service unavailable: {refusal}", "ServiceUnavailableError")
         priority = body.get("priority", 0)
         if priority and p.scheduling_policy != "priority":
-            return _error(400, "Priority scheduling is not enabled.", "BadRequestError")
+            return error(400, "Priority scheduling is not enabled.", "BadRequestError")
 
         events: asyncio.Queue[tuple[int, str | None]] = asyncio.Queue()
         req = SimRequest(
@@ -315,8 +308,8 @@ class SimServer:
             self.advance()
             self.engine.submit(req)
         except ValueError as exc:
-            return _error(400, str(exc), "BadRequestError")
-        self._wake.set()
+            return error(400, str(exc), "BadRequestError")
+        self.wake.set()
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{req.id:016x}"
         created = int(time.time())
         try:
@@ -327,7 +320,7 @@ class SimServer:
             while reason is None:
                 n, reason = await events.get()
                 text_tokens += n
-            return web.json_response(_final(rid, created, p.model_name, chat, text_tokens, reason, prompt_tokens))
+            return web.json_response(final(rid, created, p.model_name, chat, text_tokens, reason, prompt_tokens))
         finally:
             if req.finish_reason is None:
                 self.engine.abort(req)  # the client went away
@@ -365,95 +358,9 @@ class SimServer:
             chunk = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         if (body.get("stream_options") or {}).get("include_usage"):
-            usage = _usage(req.prompt_tokens, req.generated)
+            usage = usage(req.prompt_tokens, req.generated)
             chunk = {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
-
-    # -- dev endpoints (VLLM_SERVER_DEV_MODE=1) -----------------------------------
-
-    async def _reset_prefix_cache(self, _: web.Request) -> web.Response:
-        return web.json_response({"success": self.engine.reset_prefix_cache()})
-
-    async def _pause(self, request: web.Request) -> web.Response:
-        mode = request.query.get("mode", "abort")
-        if mode not in ("abort", "wait", "keep"):
-            return _error(400, f"mode must be abort, wait or keep, not {mode!r}", "BadRequestError")
-        self.engine.pause(mode)  # type: ignore[arg-type]
-        self._resumed.clear()
-        if mode == "wait":  # drains: answers once every request it accepted is done
-            while self.engine.running or self.engine.waiting:
-                await asyncio.sleep(0.01)
-        return web.json_response({"status": "paused"})
-
-    async def _is_paused(self, _: web.Request) -> web.Response:
-        return web.json_response({"is_paused": self.engine.paused is not None})
-
-    async def _is_sleeping(self, _: web.Request) -> web.Response:
-        return web.json_response({"is_sleeping": self.engine.sleep_level > 0})
-
-    async def _resume(self, _: web.Request) -> web.Response:
-        self.engine.resume()
-        self._resumed.set()
-        self._wake.set()
-        return web.json_response({"status": "resumed"})
-
-    async def _sleep(self, request: web.Request) -> web.Response:
-        try:
-            level = int(request.query.get("level", "1"))
-        except ValueError:
-            level = -1
-        if level not in (0, 1, 2):
-            return _error(400, "level must be 0, 1 or 2", "BadRequestError")
-        self.engine.sleep(level)
-        return web.Response(status=200)
-
-    async def _wake_up(self, _: web.Request) -> web.Response:
-        self.engine.wake_up()
-        return web.Response(status=200)
-
-    async def _release_kv_cache_memory(self, _: web.Request) -> web.Response:
-        if self.engine.running or self.engine.waiting:
-            return _error(400, "Cannot release KV cache memory while requests are in flight.", "BadRequestError")
-        self.engine.sleep(2)  # the pool is dropped as by sleep level 2; /wake_up brings it back
-        return web.json_response({"success": True})
-
-    async def _server_info(self, _: web.Request) -> web.Response:
-        p = self.engine.params
-        return web.json_response(
-            {"vllm_version": VLLM_VERSION, "vllm_config": {"model": p.model_name, "max_num_seqs": p.max_num_seqs,
-             "block_size": p.block_size, "gpu_memory_utilization": p.gpu_memory_utilization,
-             "max_model_len": p.max_model_len, "num_gpu_blocks": p.num_gpu_blocks}}  # fmt: skip
-        )
-
-
-async def _json(request: web.Request) -> dict[str, Any] | web.Response:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return _error(400, "The request body is not valid JSON.", "BadRequestError")
-    if not isinstance(body, dict):
-        return _error(400, "The request body must be a JSON object.", "BadRequestError")
-    return body
-
-
-def _error(status: int, message: str, kind: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": status}}, status=status)
-
-
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _final(rid: str, created: int, model: str, chat: bool, tokens: int, reason: str, prompt: int) -> dict[str, Any]:
-    text = " tok" * tokens
-    if chat:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                                  "finish_reason": reason}  # fmt: skip
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": _usage(prompt, tokens)}
