@@ -358,8 +358,7 @@ class SimServer:
             chunk = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         if (body.get("stream_options") or {}).get("include_usage"):
-            usage = usage(req.prompt_tokens, req.generated)
-            chunk = {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage}
+            chunk = {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage(req.prompt_tokens, req.generated)}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
