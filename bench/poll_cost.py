@@ -1,6 +1,6 @@
 """CPU cost of one guardian poll, and of parsing one vLLM /metrics page.
 
-    python bench/poll_cost.py [--polls 200] [--engines 8] [--gpus 8] [--tuner]
+    python bench/poll_cost.py [--polls 200] [--engines 8] [--gpus 8] [--tuner] [--instructions]
 
 Set-up: a separate process serves the real vLLM 0.33 page from
 tests/fixtures on one port per engine (so the servers' CPU is not counted);
@@ -9,14 +9,22 @@ over simulated GPUs and a pid-file process source per engine. CPU time is
 ``time.process_time()`` of this process (all threads: the event loop, the
 NVML and /proc workers), divided by the number of polls.
 
-Targets (issue 2): <= 5 ms CPU per poll; parsing >= 3x faster than
-prometheus_client.parser.text_string_to_metric_families.
+With ``--instructions`` (and valgrind installed) it also counts the
+user-space instructions of a poll, the repeatable figure on a shared
+machine: the polls run under ``valgrind --tool=callgrind`` twice, 10 and 40
+polls after the same warm-up, and the difference is divided by 30 (start-up
+and shutdown cancel out; the page servers run outside valgrind).
+
+Targets (issues 2 and 17): <= 5 ms CPU and <= 18 M instructions per poll;
+parsing >= 3x faster than prometheus_client.parser.text_string_to_metric_families.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,6 +68,7 @@ def serve(count: int, ports_file: Path) -> None:
 
 
 async def measure_polls(ports: list[int], gpus: int, polls: int, pid_file: Path, tuner: bool = False) -> tuple[list[float], list[float], float]:
+    """``polls`` polls after ten of warm-up, each one's CPU and wall time; and the CPU of one /metrics render."""
     from guardian import config as cfg
     from guardian import logs
     from guardian.daemon import Daemon
@@ -125,6 +134,23 @@ def measure_parse(repeat: int) -> dict[str, float]:
     }
 
 
+def instructions_per_poll(ports_file: Path, pid_file: Path, gpus: int, tuner: bool) -> float | None:
+    """User-space instructions of one poll under callgrind: (40 polls - 10 polls) / 30; None without valgrind."""
+    if shutil.which("valgrind") is None:
+        return None
+    counts = []
+    for polls in (10, 40):
+        argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
+                "--polls", str(polls), "--gpus", str(gpus), "--polls-against", str(ports_file), "--pid-file", str(pid_file)]
+        argv += ["--tuner"] if tuner else []
+        done = subprocess.run(argv, capture_output=True, text=True, check=True)
+        found = re.search(r"refs:\s*([\d,]+)", done.stderr)
+        if found is None:
+            raise SystemExit(f"bench: no instruction count in valgrind's output:\n{done.stderr[-2000:]}")
+        counts.append(int(found.group(1).replace(",", "")))
+    return (counts[1] - counts[0]) / 30
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--polls", type=int, default=200)
@@ -132,10 +158,17 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--parse-repeat", type=int, default=50)
     parser.add_argument("--tuner", action="store_true", help="with [tuner] on every engine")
+    parser.add_argument("--instructions", action="store_true", help="also count instructions per poll under valgrind (about 3 minutes)")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--polls-against", type=Path, help=argparse.SUPPRESS)  # the polls alone, under valgrind
+    parser.add_argument("--pid-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.engines, args.serve)
+        return 0
+    if args.polls_against:
+        ports = [int(p) for p in args.polls_against.read_text().split()]
+        asyncio.run(measure_polls(ports, args.gpus, args.polls, args.pid_file, args.tuner))
         return 0
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -153,6 +186,7 @@ def main() -> int:
             print(f"poll: {args.gpus} GPUs (fake NVML), {args.engines} engines (real vLLM 0.33 page, "
                   f"{PAGE.stat().st_size} bytes, {sum(1 for _ in PAGE.open())} lines), pid-file processes, {args.polls} polls")  # fmt: skip
             cpu, wall, render = asyncio.run(measure_polls(ports, args.gpus, args.polls, pid_file, args.tuner))
+            instructions = instructions_per_poll(ports_file, pid_file, args.gpus, args.tuner) if args.instructions else None
         finally:
             server.kill()
             server.wait()
@@ -162,6 +196,9 @@ def main() -> int:
     print(f"  CPU per poll   median {ms(statistics.median(cpu)):6.2f} ms   p95 {ms(cpu_sorted[int(0.95 * len(cpu)) - 1]):6.2f} ms"
           f"   mean {ms(statistics.fmean(cpu)):6.2f} ms   (target <= 5 ms)")  # fmt: skip
     print(f"  wall per poll  median {ms(statistics.median(wall)):6.2f} ms")
+    if args.instructions:
+        print(f"  instructions per poll {instructions / 1e6:6.1f} M   (target <= 18 M)" if instructions is not None
+              else "  instructions per poll: valgrind is not installed (apt-get install valgrind)")  # fmt: skip
     print(f"  /metrics render (per Prometheus scrape, not per poll): {ms(render):.2f} ms CPU")
 
     parse = measure_parse(args.parse_repeat)

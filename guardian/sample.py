@@ -127,7 +127,7 @@ class EngineReading:
 
     name: str
     up: bool  # /metrics scraped and parsed
-    healthy: bool | None  # /health answered 200; None when not asked or unknown
+    healthy: bool | None  # /health's last verdict (200: True; asked every poll unless /metrics answers and it was 200); None: no answer
     error: str | None = None  # the reason the scrape failed
     error_kind: str | None = None  # short label for metrics: timeout, refused, http_5xx, parse, ...
     stats_disabled: bool = False  # page had no vllm: families (--disable-log-stats)

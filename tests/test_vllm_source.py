@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -138,3 +139,28 @@ async def test_counter_reset_after_an_engine_restart_is_read_as_is(sim: SimServe
     sim.engine = EngineModel(seed=2)  # a restarted engine: counters from zero
     after = (await scraper.scrape()).cores[0].generation_tokens_total
     assert before == 5 and after == 0
+
+
+async def test_health_is_asked_every_tenth_poll_while_metrics_answer_and_every_poll_once_it_fails(session: aiohttp.ClientSession) -> None:
+    asked: list[str] = []
+    health_status = 200
+    page = (Path(__file__).parent / "fixtures" / "vllm-0.33-metrics.txt").read_bytes()
+
+    async def handler(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        if request.path == "/health":
+            return web.Response(status=health_status)
+        return web.Response(body=page, content_type="text/plain")
+
+    runner, url = await _static(handler)
+    try:
+        scraper = VllmScraper("a", url, session, timeout=2)
+        readings = [await scraper.scrape() for _ in range(20)]
+        assert asked.count("/metrics") == 20 and asked.count("/health") == 2  # polls 1 and 11
+        assert all(r.up and r.healthy is True for r in readings)  # the last verdict, not a gap
+        health_status = 503  # the engine core died; /metrics still answers for a few seconds
+        asked.clear()
+        readings = [await scraper.scrape() for _ in range(10)]
+        assert asked.count("/health") == 10 and all(r.healthy is False for r in readings)  # poll 21 saw it; asked every poll since
+    finally:
+        await runner.cleanup()

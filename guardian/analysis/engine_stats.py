@@ -25,6 +25,8 @@ _COUNTERS = (
 )
 
 
+_RATES = ("prompt_tokens_total", "generation_tokens_total", "requests_finished_total", "preemptions_total")
+
 # windows keep this much beyond their length: enough for the point at the
 # window's start to exist, little enough that finding it is a step or two
 HORIZON_SLACK_SECONDS = 5.0
@@ -118,7 +120,7 @@ class EngineTracker:
             window.add(t, _sum(getattr(c, key) for c in cores))
         for key, family in LATENCY_HISTOGRAMS.items():
             self._histograms[key].add(t, _merge([c.histograms.get(family) for c in cores]))
-        rate = {key: w.rate(t, self.window) for key, w in self._counters.items()}
+        rate = {key: self._counters[key].rate(t, self.window) for key in _RATES}
         drafted = self._counters["spec_draft_tokens_total"].increase(t, self.window)
         accepted = self._counters["spec_accepted_tokens_total"].increase(t, self.window)
         return EngineSignals(

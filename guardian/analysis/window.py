@@ -112,8 +112,7 @@ class HistogramWindow:
     def add(self, t: float, hist: Histogram | None) -> None:
         if hist is None:
             return
-        bounds = tuple(b for b, _ in hist.buckets)
-        raw = tuple(c for _, c in hist.buckets)
+        bounds, raw = zip(*hist.buckets)  # two tuples, built in C
         if bounds != self._bounds:
             self._bounds = bounds
             self._ring.clear()

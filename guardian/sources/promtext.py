@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
 
 Labels = dict[str, str]
+_T = TypeVar("_T")
 
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 # Label values use the "unrolled loop" form, which is several times faster
@@ -41,6 +44,7 @@ class ParseError(ValueError):
 
     def __init__(self, message: str, line: int = 0, truncated: bool = False) -> None:
         super().__init__(f"line {line}: {message}" if line else message)
+        self.message = message
         self.line = line
         self.truncated = truncated
 
@@ -97,54 +101,82 @@ class Parser:
             self._series.clear()  # a target with churning labels: start over rather than grow
         page = Page()
         if families is None or not text.startswith("# HELP "):
-            self._lines(text, page, 0)
+            self._lines(text, 0, len(text), page)
             return page
-        lineno = 0
-        for block in text[len("# HELP ") :].split("\n# HELP "):
-            name = block[: block.find(" ")]
-            if name in families:
-                start = block.find("\n") + 1  # the rest of the HELP line is not a sample
-                if start and self._lines(block[start:], page, lineno + 1):
-                    break
-            lineno += block.count("\n") + 1
-        return page
+        # the page is walked by offsets, never split or copied whole: only the blocks read are sliced
+        find, pos, size = text.find, 0, len(text)
+        while True:
+            eol = find("\n", pos)  # the end of this block's HELP line
+            space = find(" ", pos + 7, eol)
+            following = find("\n# HELP ", eol)
+            stop = size if following < 0 else following + 1
+            if text[pos + 7 : space if space >= 0 else eol] in families and self._lines(text, eol + 1, stop, page):
+                return page
+            if following < 0:
+                return page
+            pos = following + 1
 
-    def _lines(self, text: str, page: Page, lineno: int) -> bool:
-        """Read sample and TYPE lines into ``page``; True when ``# EOF`` was reached."""
+    def _sample(self, line: str) -> tuple[tuple[str, Labels], float]:
+        """A line whose series is not known yet (or carries a timestamp): checked, and its series remembered."""
+        close = line.rfind("}")
+        if close >= 0:
+            key, rest = line[: close + 1], line[close + 1 :]
+        else:
+            space = line.find(" ")
+            if space < 0:
+                raise ParseError(f"sample without a value: {line[:80]!r}")
+            key, rest = line[:space], line[space:]
+        known = self._series.get(key)
+        if known is None:
+            known = self._series[key] = _series_key(key)
+        try:
+            return known, float(rest)
+        except ValueError:
+            return known, _value_with_timestamp(rest, line)
+
+    @staticmethod
+    def _checked(read: Callable[..., _T], text: str, start: int, line: str, *more: Any) -> _T:
+        """``read(line, *more)``, its ``ParseError`` given the line's number in ``text`` (counted only then)."""
+        try:
+            return read(line, *more)
+        except ParseError as exc:
+            raise ParseError(exc.message, text.count("\n", 0, text.find(line, start)) + 1) from None
+
+    def _lines(self, text: str, start: int, stop: int, page: Page) -> bool:
+        """Read the sample and TYPE lines of ``text[start:stop]`` into ``page``; True when ``# EOF`` was reached.
+
+        Lines are not counted as they are read: an error's line number is worked out when there is one.
+        """
         samples = page.samples
         series = self._series
-        for line in text.split("\n"):
-            lineno += 1
+        name: str | None = None  # the sample name of the line before, and its list: a family's samples come together
+        entries: list[tuple[Labels, float]] = []
+        for line in text[start:stop].split("\n"):
             if not line:
                 continue
             if line[0] == "#":
                 if line.startswith("# TYPE "):
-                    _type_line(page, line, lineno)
+                    self._checked(_type_line, text, start, line, page)
                 elif line.startswith("# EOF"):
                     return True
                 continue
-            close = line.rfind("}")
-            if close >= 0:
-                key = line[: close + 1]
-                rest = line[close + 1 :]
-            else:
-                space = line.find(" ")
-                if space < 0:
-                    raise ParseError(f"sample without a value: {line[:80]!r}", lineno)
-                key = line[:space]
-                rest = line[space:]
+            # the series is the text before the last space (the value after it), looked up whole: a known
+            # series costs one split and one lookup; anything else (new, a timestamp, odd spacing) is read slowly
+            key, _, rest = line.rpartition(" ")
             known = series.get(key)
-            if known is None:
-                known = series[key] = _series_key(key, lineno)
             try:
                 value = float(rest)
             except ValueError:
-                value = _value_with_timestamp(rest, line, lineno)
-            entries = samples.get(known[0])
-            if entries is None:
-                samples[known[0]] = [(known[1], value)]
-            else:
-                entries.append((known[1], value))
+                known = None
+            if known is None:
+                known, value = self._checked(self._sample, text, start, line)
+            if known[0] is not name:  # names are interned: one comparison per line, one lookup per sample name
+                name = known[0]
+                found = samples.get(name)
+                if found is None:
+                    found = samples[name] = []
+                entries = found
+            entries.append((known[1], value))
         return False
 
 
@@ -153,21 +185,21 @@ def parse(text: str) -> Page:
     return Parser().parse(text)
 
 
-def _series_key(key: str, lineno: int) -> tuple[str, Labels]:
+def _series_key(key: str) -> tuple[str, Labels]:
     brace = key.find("{")
     if brace < 0:
         name, labels = key, {}
     elif not key.endswith("}"):
-        raise ParseError(f"unterminated label set in {key[:80]!r}", lineno)
+        raise ParseError(f"unterminated label set in {key[:80]!r}")
     else:
         name = key[:brace]
-        labels = _labels(key[brace + 1 : -1], key, lineno)
+        labels = _labels(key[brace + 1 : -1], key)
     if not _NAME_RE.match(name):
-        raise ParseError(f"invalid metric name {name[:80]!r}", lineno)
-    return name, labels
+        raise ParseError(f"invalid metric name {name[:80]!r}")
+    return sys.intern(name), labels  # interned: lines compare names by identity
 
 
-def _value_with_timestamp(rest: str, line: str, lineno: int) -> float:
+def _value_with_timestamp(rest: str, line: str) -> float:
     fields = rest.split()
     if len(fields) == 2:
         try:
@@ -175,17 +207,17 @@ def _value_with_timestamp(rest: str, line: str, lineno: int) -> float:
             return float(fields[0])
         except ValueError:
             pass
-    raise ParseError(f"expected a number (and optional timestamp) after the series in {line[:80]!r}", lineno)
+    raise ParseError(f"expected a number (and optional timestamp) after the series in {line[:80]!r}")
 
 
-def _type_line(page: Page, line: str, lineno: int) -> None:
+def _type_line(line: str, page: Page) -> None:
     parts = line.split()
     if len(parts) != 4:
-        raise ParseError(f"malformed TYPE line {line[:80]!r}", lineno)
+        raise ParseError(f"malformed TYPE line {line[:80]!r}")
     page.types[parts[2]] = parts[3]
 
 
-def _labels(text: str, line: str, lineno: int) -> Labels:
+def _labels(text: str, line: str) -> Labels:
     if not text:
         return {}
     if _LABELS_STRICT_RE.match(text):
@@ -193,7 +225,7 @@ def _labels(text: str, line: str, lineno: int) -> Labels:
     elif _LABELS_LOOSE_RE.match(text):
         pairs = _LABEL_LOOSE_RE.findall(text)
     else:
-        raise ParseError(f"malformed labels in {line[:80]!r}", lineno)
+        raise ParseError(f"malformed labels in {line[:80]!r}")
     if "\\" not in text:
         return dict(pairs)
     return {k: _ESCAPE_RE.sub(_unescape, v) for k, v in pairs}

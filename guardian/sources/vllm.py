@@ -1,5 +1,10 @@
 """Scraping one vLLM server: ``GET /metrics`` and ``GET /health``.
 
+``/health`` is asked every ``HEALTH_EVERY_POLLS`` polls while ``/metrics``
+answers and the last ``/health`` said 200, and on every poll otherwise:
+a page that parsed says the server is up, and half of a poll's requests were
+``/health`` answering what the page had already said.
+
 Whatever goes wrong (refused, timeout, 5xx, HTML instead of metrics, a page
 cut off) ends as an ``EngineReading`` with ``up=False`` and a reason; nothing
 raises out of ``scrape``, so one bad engine cannot stop the poll of the others.
@@ -16,6 +21,7 @@ from guardian.sample import EngineReading
 from guardian.sources import promtext, vllm_page
 
 MAX_PAGE_BYTES = 16 * 1024 * 1024
+HEALTH_EVERY_POLLS = 10
 
 
 class VllmScraper:
@@ -27,10 +33,21 @@ class VllmScraper:
         # /metrics and /health need no key, but a proxy in front of vLLM may; never logged
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._parser = promtext.Parser()
+        self._health: bool | None = None  # the last /health verdict
+        self._health_age = 0  # scrapes since it was asked
 
     async def scrape(self) -> EngineReading:
         started = time.perf_counter()
-        metrics, health = await asyncio.gather(self._metrics(), self.health())
+        if self._health is not True or self._health_age >= HEALTH_EVERY_POLLS - 1:
+            metrics, health = await asyncio.gather(self._metrics(), self.health())
+        else:
+            metrics = await self._metrics()
+            health = await self.health() if isinstance(metrics, _Failure) else None
+        if health is not None or isinstance(metrics, _Failure):
+            self._health, self._health_age = health, 0
+        else:
+            self._health_age += 1
+        health = self._health
         elapsed = time.perf_counter() - started
         if isinstance(metrics, _Failure):
             return EngineReading(

@@ -95,33 +95,52 @@ def cores_from_page(page: Page) -> tuple[CoreReading, ...]:
 
 def _histograms(page: Page, name: str) -> dict[tuple[str, str], Histogram]:
     """Histograms of one family keyed by (engine, model_name)."""
-    buckets: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for labels, value in page.get(name + "_bucket"):
-        le = labels.get("le")
+    entries = page.get(name + "_bucket")
+    if not entries:
+        return {}
+    layout = _layout([labels for labels, _ in entries])
+    counts = [value for _, value in entries]
+    totals = {_series(labels): value for labels, value in page.get(name + "_count")}
+    sums = {_series(labels): value for labels, value in page.get(name + "_sum")}
+    created = {_series(labels): value for labels, value in page.get(name + "_created")}
+    return {
+        key: Histogram(buckets=tuple(zip(bounds, [counts[i] for i in order])), count=totals.get(key), sum=sums.get(key),
+                       created=created.get(key))
+        for key, bounds, order in layout
+    }  # fmt: skip
+
+
+# a family's bucket series are the same label sets every poll (the parser hands out the same dicts):
+# where each series' buckets sit and their bounds are worked out once per layout, not per bucket per poll
+_LAYOUTS: dict[tuple[int, ...], tuple[list[Labels], list[tuple[tuple[str, str], tuple[float, ...], list[int]]]]] = {}
+_MAX_LAYOUTS = 1024
+
+
+def _layout(labels: list[Labels]) -> list[tuple[tuple[str, str], tuple[float, ...], list[int]]]:
+    """Per series of a histogram family with a ``+Inf`` bucket: its key, its bounds in order, and where its counts are."""
+    ids = tuple(map(id, labels))
+    found = _LAYOUTS.get(ids)
+    if found is not None:
+        return found[1]
+    by_key: dict[tuple[str, str], list[tuple[float, int]]] = {}
+    for i, series in enumerate(labels):
+        le = series.get("le")
         if le is None:
             continue
         try:
             bound = float(le)
         except ValueError:
             continue
-        key = (labels.get("engine", ""), labels.get("model_name", ""))
-        found = buckets.get(key)
-        if found is None:
-            buckets[key] = [(bound, value)]
-        else:
-            found.append((bound, value))
-    counts = {_series(labels): value for labels, value in page.get(name + "_count")}
-    sums = {_series(labels): value for labels, value in page.get(name + "_sum")}
-    created = {_series(labels): value for labels, value in page.get(name + "_created")}
-    result: dict[tuple[str, str], Histogram] = {}
-    for key, items in buckets.items():
+        by_key.setdefault(_series(series), []).append((bound, i))
+    layout = []
+    for key, items in by_key.items():
         items.sort()  # prometheus_client writes them in order; others may not
-        if items[-1][0] != math.inf:
-            continue  # no +Inf bucket: not a usable histogram
-        result[key] = Histogram(
-            buckets=tuple(items), count=counts.get(key), sum=sums.get(key), created=created.get(key)
-        )
-    return result
+        if items[-1][0] == math.inf:  # else not a usable histogram
+            layout.append((key, tuple(b for b, _ in items), [i for _, i in items]))
+    if len(_LAYOUTS) >= _MAX_LAYOUTS:
+        _LAYOUTS.clear()
+    _LAYOUTS[ids] = (labels, layout)  # the label dicts kept alive: their ids cannot be reused while cached
+    return layout
 
 
 def _series(labels: Labels) -> tuple[str, str]:
