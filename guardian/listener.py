@@ -20,7 +20,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -100,9 +100,9 @@ class _Refuse(asyncio.Protocol):
                        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode()  # fmt: skip
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(self.answer)
-        transport.close()
+        stream = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport subclasses
+        stream.write(self.answer)
+        stream.close()
 
 
 class _Guarded(asyncio.Protocol):
@@ -116,8 +116,7 @@ class _Guarded(asyncio.Protocol):
         self.tail = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport subclasses
         self.timer = asyncio.get_running_loop().call_later(self.guard.limits.header_timeout_seconds, self._too_slow)
         self.inner.connection_made(transport)
 

@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from guardian import logs
 from guardian.actions.gateway import Gates
 from guardian.actions.outcome import Outcome
-from guardian.gateway import routes
+from guardian.gateway import relay, routes
 from guardian.gateway.admission import Admission, Lane, Refusal
 from guardian.listener import ListenerLimits, ListenerMetrics, serve
 from guardian.policy.buckets import BadRequest, Bucket, choose, prompt_tokens
@@ -261,7 +261,7 @@ class GatewayServer:
             raw = json.dumps(body).encode()
         begun = time.perf_counter()
         try:
-            response = await self._forward(request, placed.engine, raw)
+            response = await self._forward(request, placed.engine, raw, stream=isinstance(body, dict) and body.get("stream") is True)
             self.metrics.requests.labels(placed.lane, placed.bucket, str(response.status)).inc()
             return response
         except asyncio.CancelledError:
@@ -336,12 +336,20 @@ class GatewayServer:
         engine = self._pick(list(self.upstreams)) or next(iter(self.upstreams))
         return await self._forward(request, engine, await request.read())
 
-    async def _forward(self, request: web.Request, engine: str, data: bytes) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, engine: str, data: bytes, stream: bool = False) -> web.StreamResponse:
+        """The request sent on to ``engine`` and its answer back; a streamed one relayed at the transport level (``relay.py``)."""
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         key = self.api_keys.get(engine)
         if key and routes.authenticated(request.path):  # the engine's key on paths vLLM authenticates, nowhere else
             headers["Authorization"] = f"Bearer {key}"
+        if stream:
+            try:
+                return await relay.relay(request, self.upstreams[engine], headers, data, self.settings.upstream_timeout_seconds)
+            except (relay.Unreachable, relay.NoAnswer, asyncio.TimeoutError) as exc:
+                if isinstance(exc, relay.Unreachable):
+                    self.set_available(engine, False, "refused")  # until the next poll says otherwise
+                return _error(502, f"the gateway got no answer from {engine}: {exc or type(exc).__name__}", "BadGatewayError")
         url = self.upstreams[engine] + request.rel_url.path_qs
         try:
             async with self._session.request(request.method, url, data=data or None, headers=headers) as up:

@@ -1,0 +1,192 @@
+"""Streamed answers relayed at the transport level: whole events in their own chunks, bounded buffers, cut streams cut."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from guardian.gateway.proxy import GatewayMetrics, GatewayServer, GatewaySettings
+from guardian.gateway.relay import HIGH_WATER_BYTES, _Upstream
+from guardian.policy.buckets import Bucket
+
+EVENT = b'data: {"choices":[{"index":0,"text":" tok"}]}\n\n'
+
+
+class Streamer:
+    """An upstream whose streamed answer is set per test: paced events, a flood, a cut, or a JSON error."""
+
+    def __init__(self) -> None:
+        self.events = 20
+        self.pace = 0.0
+        self.cut_after: int | None = None
+        self.written = 0  # bytes the upstream got written (its socket took them)
+        self.error: tuple[int, dict[str, Any]] | None = None
+        self.event = EVENT
+        self.url = ""
+        self.runner: web.AppRunner | None = None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        if self.error is not None:
+            return web.json_response(self.error[1], status=self.error[0])
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(self.events):
+            if self.cut_after is not None and i == self.cut_after:
+                assert request.transport is not None
+                request.transport.close()  # the engine died mid-answer
+                return resp
+            await resp.write(self.event)
+            self.written += len(self.event)
+            if self.pace:
+                await asyncio.sleep(self.pace)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.handle)
+        self.runner = web.AppRunner(app, handler_cancellation=True)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+
+@pytest.fixture
+async def setup() -> AsyncIterator[tuple[Streamer, str, GatewayServer]]:
+    up = Streamer()
+    await up.start()
+    settings = GatewaySettings(buckets=(Bucket("short", 4096, ("a",)),), concurrency=8, queue_size=8, queue_deadline_seconds=2.0)
+    gw = GatewayServer(settings, {"a": up.url}, GatewayMetrics(CollectorRegistry()))
+    await gw.start("127.0.0.1", 0)
+    assert gw.address is not None
+    yield up, f"http://127.0.0.1:{gw.address[1]}/v1/completions", gw
+    await gw.close()
+    assert up.runner is not None
+    await up.runner.cleanup()
+
+
+async def test_paced_events_arrive_whole_each_in_its_own_http_chunk(setup: tuple[Streamer, str, GatewayServer]) -> None:
+    up, url, _ = setup
+    up.pace = 0.01
+    chunks: list[bytes] = []
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, json={"prompt": "hi", "stream": True}) as resp:
+            pending = b""
+            async for data, end in resp.content.iter_chunks():
+                pending += data
+                if end and pending:  # (the stream's end shows as an empty one)
+                    chunks.append(pending)
+                    pending = b""
+    assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream"
+    assert chunks == [EVENT] * 20 + [b"data: [DONE]\n\n"]
+
+
+async def test_a_client_that_does_not_read_holds_the_upstream_back_instead_of_growing_a_buffer(
+    setup: tuple[Streamer, str, GatewayServer],
+) -> None:
+    up, url, gw = setup
+    up.event = b"data: " + b"x" * 65536 + b"\n\n"
+    up.events = 1000  # 64 MB as fast as the upstream can write it: more than the sockets on the way hold
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.address[1])  # type: ignore[index]
+    body = json.dumps({"prompt": "hi", "stream": True}).encode()
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)  # fmt: skip
+    await writer.drain()
+    await reader.readuntil(b"\r\n\r\n")  # the head; then this client reads nothing
+    await asyncio.sleep(1.0)
+    stalled = up.written
+    await asyncio.sleep(0.5)
+    assert up.written == stalled < up.events * len(up.event) / 2  # the upstream is held back (sockets on the way hold the rest)
+    assert gw._runner is not None and gw._runner.server is not None
+    (handler,) = gw._runner.server.connections
+    assert handler.transport is not None
+    assert handler.transport.get_write_buffer_size() <= HIGH_WATER_BYTES + 256 * 1024  # bounded: the high water and one read
+    writer.transport.abort()  # and when it hangs up, the request ends and the upstream's with it
+    for _ in range(100):
+        if gw.admission["a"].in_flight == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert gw.admission["a"].in_flight == 0
+
+
+async def test_an_answer_cut_by_the_upstream_reaches_the_client_cut(setup: tuple[Streamer, str, GatewayServer]) -> None:
+    up, url, _ = setup
+    up.cut_after = 5
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, json={"prompt": "hi", "stream": True}) as resp:
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await resp.read()  # never a clean end: the client's retry logic must see the cut
+
+
+async def test_an_error_answer_to_a_streamed_request_passes_through_with_its_status_and_body(setup: tuple[Streamer, str, GatewayServer]) -> None:
+    up, url, _ = setup
+    up.error = (400, {"error": {"message": "max_tokens is too large", "type": "BadRequestError"}})
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, json={"prompt": "hi", "stream": True}) as resp:
+            assert resp.status == 400 and (await resp.json())["error"]["message"] == "max_tokens is too large"
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.got = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.got += data
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3, 5, 7, 11])
+def test_the_closing_chunk_is_found_and_held_back_however_the_reads_fall(cut: int) -> None:
+    body = b"6\r\nhello \r\n5\r\nworld\r\n" + b"0\r\n\r\n"
+    loop = asyncio.new_event_loop()
+    try:
+        upstream = _Upstream(loop)
+        client = _Client()
+        upstream.attach(client)  # type: ignore[arg-type]
+        for i in range(0, len(body), cut):
+            upstream.data_received(body[i : i + cut])
+        assert upstream.done.done() and upstream.done.result() == b""
+        assert bytes(client.got) == b"6\r\nhello \r\n5\r\nworld\r\n"  # the upstream's own chunks, the closing one left to write_eof
+    finally:
+        loop.close()
+
+
+def test_the_gateway_relays_on_uvloop_as_guardian_run_uses_it() -> None:
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario() -> tuple[int, bytes, int, bytes]:
+        up = Streamer()
+        await up.start()
+        settings = GatewaySettings(buckets=(Bucket("short", 4096, ("a",)),), concurrency=8, queue_size=8, queue_deadline_seconds=2.0)
+        gw = GatewayServer(settings, {"a": up.url}, GatewayMetrics(CollectorRegistry()))
+        await gw.start("127.0.0.1", 0)  # guardian's own listener (connection limits, header deadline) on uvloop's transports
+        assert gw.address is not None
+        url = f"http://127.0.0.1:{gw.address[1]}/v1/completions"
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+                async with http.post(url, json={"prompt": "hi", "stream": True}) as streamed:
+                    body = await streamed.read()
+                up.error = (400, {"error": {"message": "no", "type": "BadRequestError"}})
+                async with http.post(url, json={"prompt": "hi", "stream": True}) as refused:
+                    error = await refused.read()
+            return streamed.status, body, refused.status, error
+        finally:
+            await gw.close()
+            assert up.runner is not None
+            await up.runner.cleanup()
+
+    status, body, error_status, error = uvloop.run(scenario())
+    assert status == 200 and body == EVENT * 20 + b"data: [DONE]\n\n"
+    assert error_status == 400 and b'"message": "no"' in error
