@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any, Coroutine
+from typing import Any, Coroutine, TypeVar
 
 from guardian import logs
 from guardian.commands.common import load_or_exit
 from guardian.daemon import Daemon, StartupError
 from guardian.record import SampleRecorder
+
+T = TypeVar("T")
 
 NO_ENGINES = ("no [[engines]]: guardian would watch nothing", 'add one: [[engines]] name = "llama-8b" url = "http://127.0.0.1:8000"')
 
@@ -35,14 +37,13 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_loop(main: Coroutine[Any, Any, None]) -> None:
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
     """On uvloop where it is installed (Linux): the gateway's relay and the poll's HTTP spend a third less per event."""
     try:
         import uvloop
     except ImportError:
-        asyncio.run(main)
-    else:
-        uvloop.run(main)
+        return asyncio.run(main)
+    return uvloop.run(main)  # type: ignore[no-any-return]
 
 
 def check_config(args: argparse.Namespace) -> int:

@@ -29,11 +29,12 @@ import json
 import time
 from collections import Counter as CounterOf
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from guardian import logs
 from guardian.actions.gateway import Gates
@@ -122,8 +123,29 @@ class GatewayMetrics:
                                   buckets=(5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3), registry=r)  # fmt: skip
         self.upstream = Histogram("guardian_gateway_upstream_seconds", "Time from admission to the end of the answer.",
                                   buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)  # fmt: skip
-        self.in_flight = Gauge("guardian_gateway_in_flight", "Requests admitted and not finished, per engine.", ["engine"], registry=r)
-        self.queued = Gauge("guardian_gateway_queued", "Requests waiting for admission, per engine.", ["engine"], registry=r)
+        self.registry = r
+        self._counts: dict[tuple[str, str, str], Any] = {}  # the requests counter's children: labels() once per set
+
+    def count(self, lane: str, bucket: str, outcome: str) -> None:
+        child = self._counts.get((lane, bucket, outcome))
+        if child is None:
+            child = self._counts[(lane, bucket, outcome)] = self.requests.labels(lane, bucket, outcome)
+        child.inc()
+
+
+class _AdmissionGauges:
+    """In flight and queued per engine, read from the admission state when scraped: no gauge set per request."""
+
+    def __init__(self, admission: Mapping[str, Admission]) -> None:
+        self.admission = admission
+
+    def collect(self) -> Iterable[Metric]:
+        in_flight = GaugeMetricFamily("guardian_gateway_in_flight", "Requests admitted and not finished, per engine.", labels=["engine"])
+        queued = GaugeMetricFamily("guardian_gateway_queued", "Requests waiting for admission, per engine.", labels=["engine"])
+        for name, adm in self.admission.items():
+            in_flight.add_metric([name], adm.in_flight)
+            queued.add_metric([name], adm.queued)
+        return [in_flight, queued]
 
 
 class GatewayServer:
@@ -137,6 +159,7 @@ class GatewayServer:
         self.api_keys = dict(api_keys or {})  # engine -> key to send upstream (replaces the client's)
         self.admission = {name: Admission(settings.concurrency, settings.queue_size, restart_hold_seconds=settings.restart_hold_seconds)
                           for name in self.upstreams}  # fmt: skip
+        metrics.registry.register(_AdmissionGauges(self.admission))
         self.gates = {name: Gates() for name in self.upstreams}
         self.down: dict[str, str] = {}  # engines not to route to, and why (dead, starting, unresponsive, refused)
         self.refused: CounterOf[str] = CounterOf()  # requests the gateway answered 429/503 itself, per engine
@@ -265,7 +288,7 @@ class GatewayServer:
             self.metrics.requests.labels(placed.lane, placed.bucket, str(response.status)).inc()
             return response
         except asyncio.CancelledError:
-            self.metrics.requests.labels(placed.lane, placed.bucket, "client_gone").inc()
+            self.metrics.count(placed.lane, placed.bucket, "client_gone")
             raise
         finally:
             self.metrics.upstream.observe(time.perf_counter() - begun)
@@ -283,7 +306,7 @@ class GatewayServer:
         lane = self._lane(headers, choice.bucket)
         self.metrics.decision.observe(time.perf_counter() - started)
         if choice.bucket is None:
-            self.metrics.requests.labels(lane, "none", "too_long").inc()
+            self.metrics.count(lane, "none", "too_long")
             largest = s.buckets[-1].max_tokens if s.buckets else 0
             return Turned(400, f"The prompt is about {choice.tokens} tokens, longer than the largest bucket "
                                f"({largest} tokens) this gateway serves.", "BadRequestError")  # fmt: skip
@@ -292,24 +315,22 @@ class GatewayServer:
         pool = s.high_priority_engines if dedicated else choice.bucket.engines
         engine = self._pick(pool)
         if engine is None:
-            self.metrics.requests.labels(lane, bucket, "refused_503").inc()
+            self.metrics.count(lane, bucket, "refused_503")
             return Turned.refused(Refusal(503, "no engine of this pool can take requests now ("
                                                + ", ".join(f"{e}: {self.down.get(e, 'unknown')}" for e in self._pool(pool)) + ")",
                                           RETRY_AFTER_NO_ENGINE_SECONDS))  # fmt: skip
         if self.gates[engine].refuse_long_context and choice.tokens > s.long_context_tokens:
-            self.metrics.requests.labels(lane, bucket, "refused_long").inc()
+            self.metrics.count(lane, bucket, "refused_long")
             self.refused[engine] += 1
             return Turned.refused(Refusal(503, f"long-context requests (about {choice.tokens} tokens, above "
                                                f"{s.long_context_tokens}) are refused while {engine} is at "
                                                f"{self.gates[engine].why()}", 60))  # fmt: skip
         admission = self.admission[engine]
         waited = time.perf_counter()
-        self._gauges(engine)
         refusal = await admission.acquire(lane, s.queue_deadline_seconds, choice.tokens)
         self.metrics.queue_wait.observe(time.perf_counter() - waited)
-        self._gauges(engine)
         if refusal is not None:
-            self.metrics.requests.labels(lane, bucket, f"refused_{refusal.status}").inc()
+            self.metrics.count(lane, bucket, f"refused_{refusal.status}")
             self.refused[engine] += 1
             return Turned.refused(refusal)
         return Seat(engine, lane, bucket, choice.tokens)
@@ -317,7 +338,6 @@ class GatewayServer:
     def leave(self, seat: Seat) -> None:
         """The seated request is over (answered, failed or gone): its place goes to the next."""
         self.admission[seat.engine].release(seat.tokens)
-        self._gauges(seat.engine)
 
     def follow(self, phases: Mapping[str, str | None], kv_tokens: Mapping[str, int | None]) -> None:
         """The poll's word: route only to engines that are up (or not yet known), and their KV pools' sizes."""
@@ -398,10 +418,6 @@ class GatewayServer:
             return None
         open_ = [e for e in candidates if not self.admission[e].draining] or candidates
         return min(open_, key=lambda e: self.admission[e].in_flight + self.admission[e].queued)
-
-    def _gauges(self, engine: str) -> None:
-        self.metrics.in_flight.labels(engine).set(self.admission[engine].in_flight)
-        self.metrics.queued.labels(engine).set(self.admission[engine].queued)
 
 
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> web.Response:
