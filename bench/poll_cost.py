@@ -4,7 +4,8 @@
 
 Set-up: a separate process serves the real vLLM 0.33 page from
 tests/fixtures on one port per engine (so the servers' CPU is not counted);
-this process runs the real daemon's poll against them, with the fake NVML
+this process runs the real daemon's poll against them (on the event loop
+``guardian run`` uses: uvloop where it is installed), with the fake NVML
 over simulated GPUs and a pid-file process source per engine. CPU time is
 ``time.process_time()`` of this process (all threads: the event loop, the
 NVML and /proc workers), divided by the number of polls.
@@ -36,6 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PAGE = ROOT / "tests" / "fixtures" / "vllm-0.33-metrics.txt"
+
+from guardian.commands.run import run_loop  # noqa: E402
 
 
 def serve(count: int, ports_file: Path) -> None:
@@ -168,7 +171,7 @@ def main() -> int:
         return 0
     if args.polls_against:
         ports = [int(p) for p in args.polls_against.read_text().split()]
-        asyncio.run(measure_polls(ports, args.gpus, args.polls, args.pid_file, args.tuner))
+        run_loop(measure_polls(ports, args.gpus, args.polls, args.pid_file, args.tuner))
         return 0
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -185,7 +188,7 @@ def main() -> int:
             pid_file.write_text(str(server.pid))
             print(f"poll: {args.gpus} GPUs (fake NVML), {args.engines} engines (real vLLM 0.33 page, "
                   f"{PAGE.stat().st_size} bytes, {sum(1 for _ in PAGE.open())} lines), pid-file processes, {args.polls} polls")  # fmt: skip
-            cpu, wall, render = asyncio.run(measure_polls(ports, args.gpus, args.polls, pid_file, args.tuner))
+            cpu, wall, render = run_loop(measure_polls(ports, args.gpus, args.polls, pid_file, args.tuner))
             instructions = instructions_per_poll(ports_file, pid_file, args.gpus, args.tuner) if args.instructions else None
         finally:
             server.kill()
