@@ -58,7 +58,8 @@ from guardian import logs  # noqa: E402
 from guardian.actions.executor import EngineActuators, Executor  # noqa: E402
 from guardian.actions.outcome import Outcome  # noqa: E402
 from guardian.daemon import gateway_settings  # noqa: E402
-from guardian.gateway.proxy import GatewayMetrics, GatewayServer, Turned  # noqa: E402
+from guardian.gateway.metrics import GatewayMetrics  # noqa: E402
+from guardian.gateway.proxy import GatewayServer, Turned  # noqa: E402
 from guardian.pipeline import Pipeline  # noqa: E402
 from guardian.policy.response import Action  # noqa: E402
 from guardian.sample import EngineReading, ProcReading, Sample  # noqa: E402

@@ -17,7 +17,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from guardian.actions.gateway import Gates
-from guardian.gateway.proxy import GatewayMetrics, GatewayServer, GatewaySettings
+from guardian.gateway.metrics import GatewayMetrics
+from guardian.gateway.proxy import GatewayServer, GatewaySettings
 from guardian.policy.buckets import BadRequest, Bucket, choose, prompt_tokens
 
 SSE = b"".join(f'data: {{"id":"cmpl-1","choices":[{{"text":" tok{i}"}}]}}\n\n'.encode() for i in range(20)) + b"data: [DONE]\n\n"

@@ -12,7 +12,8 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from guardian.gateway.proxy import GatewayMetrics, GatewayServer, GatewaySettings
+from guardian.gateway.metrics import GatewayMetrics
+from guardian.gateway.proxy import GatewayServer, GatewaySettings
 from guardian.gateway.relay import HIGH_WATER_BYTES, _Upstream
 from guardian.policy.buckets import Bucket
 

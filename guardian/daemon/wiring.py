@@ -22,7 +22,8 @@ from guardian.actions.outcome import Outcome
 from guardian.actions.vllm_admin import VllmAdmin
 from guardian.clock import steady_time
 from guardian.exporter import Metrics
-from guardian.gateway.proxy import GatewayMetrics, GatewayServer, GatewaySettings
+from guardian.gateway.metrics import GatewayMetrics
+from guardian.gateway.proxy import GatewayServer, GatewaySettings
 from guardian.notify.alerts import Contact
 from guardian.notify.outbox import Outbox
 from guardian.notify.service import Deliverer, Notifications, Settings, SmsDeliverer, WebhookDeliverer

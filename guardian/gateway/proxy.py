@@ -29,19 +29,18 @@ import json
 import time
 from collections import Counter as CounterOf
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
 
 from guardian import logs
 from guardian.actions.gateway import Gates
 from guardian.actions.outcome import Outcome
 from guardian.gateway import relay, routes
 from guardian.gateway.admission import Admission, Lane, Refusal
-from guardian.listener import ListenerLimits, ListenerMetrics, serve
+from guardian.gateway.metrics import AdmissionGauges, GatewayMetrics
+from guardian.listener import ListenerLimits, serve
 from guardian.policy.buckets import BadRequest, Bucket, choose, prompt_tokens
 from guardian.sample import GatewayLoad
 from guardian.snapshot import GatewayView
@@ -111,43 +110,6 @@ class Turned:
         return _error(self.status, self.message, self.kind, headers)
 
 
-class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry, listener: ListenerMetrics | None = None) -> None:
-        r = registry
-        self.listener = listener or ListenerMetrics(r)  # shared with the API's listener when both are guardian's
-        self.requests = Counter("guardian_gateway_requests", "Requests through the gateway, by lane, bucket and outcome.",
-                                ["lane", "bucket", "outcome"], registry=r)  # fmt: skip
-        self.queue_wait = Histogram("guardian_gateway_queue_wait_seconds", "Time requests waited for admission.",
-                                    buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30), registry=r)  # fmt: skip
-        self.decision = Histogram("guardian_gateway_decision_seconds", "Bucket and lane decision time per request.",
-                                  buckets=(5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3), registry=r)  # fmt: skip
-        self.upstream = Histogram("guardian_gateway_upstream_seconds", "Time from admission to the end of the answer.",
-                                  buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)  # fmt: skip
-        self.registry = r
-        self._counts: dict[tuple[str, str, str], Any] = {}  # the requests counter's children: labels() once per set
-
-    def count(self, lane: str, bucket: str, outcome: str) -> None:
-        child = self._counts.get((lane, bucket, outcome))
-        if child is None:
-            child = self._counts[(lane, bucket, outcome)] = self.requests.labels(lane, bucket, outcome)
-        child.inc()
-
-
-class _AdmissionGauges:
-    """In flight and queued per engine, read from the admission state when scraped: no gauge set per request."""
-
-    def __init__(self, admission: Mapping[str, Admission]) -> None:
-        self.admission = admission
-
-    def collect(self) -> Iterable[Metric]:
-        in_flight = GaugeMetricFamily("guardian_gateway_in_flight", "Requests admitted and not finished, per engine.", labels=["engine"])
-        queued = GaugeMetricFamily("guardian_gateway_queued", "Requests waiting for admission, per engine.", labels=["engine"])
-        for name, adm in self.admission.items():
-            in_flight.add_metric([name], adm.in_flight)
-            queued.add_metric([name], adm.queued)
-        return [in_flight, queued]
-
-
 class GatewayServer:
     def __init__(
         self, settings: GatewaySettings, upstreams: Mapping[str, str], metrics: GatewayMetrics,
@@ -159,7 +121,7 @@ class GatewayServer:
         self.api_keys = dict(api_keys or {})  # engine -> key to send upstream (replaces the client's)
         self.admission = {name: Admission(settings.concurrency, settings.queue_size, restart_hold_seconds=settings.restart_hold_seconds)
                           for name in self.upstreams}  # fmt: skip
-        metrics.registry.register(_AdmissionGauges(self.admission))
+        metrics.registry.register(AdmissionGauges(self.admission))
         self.gates = {name: Gates() for name in self.upstreams}
         self.down: dict[str, str] = {}  # engines not to route to, and why (dead, starting, unresponsive, refused)
         self.refused: CounterOf[str] = CounterOf()  # requests the gateway answered 429/503 itself, per engine

@@ -29,7 +29,8 @@ import pytest
 from guardian.actions.launcher import ChildLauncher, runs
 from guardian.actions.restart import DrainedRestart, RestartTimeouts
 from guardian.actions.vllm_admin import VllmAdmin
-from guardian.gateway.proxy import GatewayMetrics, GatewayServer, GatewaySettings
+from guardian.gateway.metrics import GatewayMetrics
+from guardian.gateway.proxy import GatewayServer, GatewaySettings
 from guardian.policy.buckets import Bucket
 from guardian.sources.vllm import VllmScraper
 from prometheus_client import CollectorRegistry
