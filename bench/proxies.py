@@ -39,7 +39,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Awaitable, Callable
 
 import aiohttp
 import psutil
@@ -204,6 +204,11 @@ async def plain(url: str, requests: int, concurrency: int) -> Load:
                     load.broken += 1
             load.requests += 1
 
+    return await _drive(worker, concurrency, load)
+
+
+async def _drive(worker: Callable[[aiohttp.ClientSession], Awaitable[None]], concurrency: int, load: Load) -> Load:
+    """``concurrency`` workers on one session until their queue is empty; the wall time into ``load``."""
     started = time.perf_counter()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
@@ -237,11 +242,7 @@ async def streams(url: str, count: int, chunks: int, concurrency: int, pace_ms: 
             if resp.status != 200 or events != chunks + 1 or not done:
                 load.broken += 1
 
-    started = time.perf_counter()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-    load.wall = time.perf_counter() - started
-    return load
+    return await _drive(worker, concurrency, load)
 
 
 # -- measuring ----------------------------------------------------------------------------------
