@@ -191,3 +191,106 @@ def test_the_gateway_relays_on_uvloop_as_guardian_run_uses_it() -> None:
     status, body, error_status, error = uvloop.run(scenario())
     assert status == 200 and body == EVENT * 20 + b"data: [DONE]\n\n"
     assert error_status == 400 and b'"message": "no"' in error
+
+
+async def _raw_upstream(handler: Any) -> tuple[asyncio.Server, str]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def _gateway_to(url: str) -> GatewayServer:
+    settings = GatewaySettings(buckets=(Bucket("short", 4096, ("a",)),), concurrency=8, queue_size=8, queue_deadline_seconds=2.0)
+    gw = GatewayServer(settings, {"a": url}, GatewayMetrics(CollectorRegistry()))
+    await gw.start("127.0.0.1", 0)
+    return gw
+
+
+ANSWER = b'{"choices":[{"text":" hi"}]}'
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bool:
+    """One request read whole (head and Content-Length body); False at the connection's end."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return False
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    await reader.readexactly(length)
+    return True
+
+
+async def test_plain_answers_reuse_one_kept_alive_upstream_connection() -> None:
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while await _read_request(reader):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode() + ANSWER)  # fmt: skip
+        writer.close()
+
+    server, url = await _raw_upstream(handler)
+    gw = await _gateway_to(url)
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(10):
+                async with http.post(f"http://127.0.0.1:{gw.address[1]}/v1/completions", json={"prompt": "hi"}) as resp:  # type: ignore[index]
+                    assert resp.status == 200 and await resp.read() == ANSWER
+    finally:
+        await gw.close()
+        server.close()
+    assert connections == 1
+
+
+async def test_a_kept_alive_connection_closed_under_a_request_is_retried_on_a_new_one() -> None:
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        mine, answered = connections, 0
+        while await _read_request(reader):
+            if mine == 1 and answered == 1:
+                writer.close()  # the idle timeout struck as the second request came: it was never read
+                return
+            answered += 1
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode() + ANSWER)  # fmt: skip
+        writer.close()
+
+    server, url = await _raw_upstream(handler)
+    gw = await _gateway_to(url)
+    try:
+        async with aiohttp.ClientSession() as http:
+            statuses = []
+            for _ in range(2):
+                async with http.post(f"http://127.0.0.1:{gw.address[1]}/v1/completions", json={"prompt": "hi"}) as resp:  # type: ignore[index]
+                    statuses.append((resp.status, await resp.read()))
+    finally:
+        await gw.close()
+        server.close()
+    assert statuses == [(200, ANSWER), (200, ANSWER)] and connections == 2
+
+
+async def test_a_connection_the_upstream_says_to_close_is_not_kept() -> None:
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        if await _read_request(reader):
+            writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n" + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode() + ANSWER)
+        writer.close()
+
+    server, url = await _raw_upstream(handler)
+    gw = await _gateway_to(url)
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(3):
+                async with http.post(f"http://127.0.0.1:{gw.address[1]}/v1/completions", json={"prompt": "hi"}) as resp:  # type: ignore[index]
+                    assert resp.status == 200 and await resp.read() == ANSWER
+    finally:
+        await gw.close()
+        server.close()
+    assert connections == 3

@@ -122,6 +122,7 @@ class GatewayServer:
         self.admission = {name: Admission(settings.concurrency, settings.queue_size, restart_hold_seconds=settings.restart_hold_seconds)
                           for name in self.upstreams}  # fmt: skip
         metrics.registry.register(AdmissionGauges(self.admission))
+        self.pools = {name: relay.Pool(url) for name, url in self.upstreams.items()}  # kept-alive connections per engine
         self.gates = {name: Gates() for name in self.upstreams}
         self.down: dict[str, str] = {}  # engines not to route to, and why (dead, starting, unresponsive, refused)
         self.refused: CounterOf[str] = CounterOf()  # requests the gateway answered 429/503 itself, per engine
@@ -153,6 +154,8 @@ class GatewayServer:
         self._server, self.address = await serve(self._runner, host, port, limits, "gateway", self.metrics.listener)
 
     async def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
         if self._server is not None:
             self._server.close()
         if self._runner is not None:
@@ -246,7 +249,7 @@ class GatewayServer:
             raw = json.dumps(body).encode()
         begun = time.perf_counter()
         try:
-            response = await self._forward(request, placed.engine, raw, stream=isinstance(body, dict) and body.get("stream") is True)
+            response = await self._forward(request, placed.engine, raw, True, isinstance(body, dict) and body.get("stream") is True)
             self.metrics.requests.labels(placed.lane, placed.bucket, str(response.status)).inc()
             return response
         except asyncio.CancelledError:
@@ -318,16 +321,17 @@ class GatewayServer:
         engine = self._pick(list(self.upstreams)) or next(iter(self.upstreams))
         return await self._forward(request, engine, await request.read())
 
-    async def _forward(self, request: web.Request, engine: str, data: bytes, stream: bool = False) -> web.StreamResponse:
-        """The request sent on to ``engine`` and its answer back; a streamed one relayed at the transport level (``relay.py``)."""
+    async def _forward(self, request: web.Request, engine: str, data: bytes, generate: bool = False,
+                       stream: bool = False) -> web.StreamResponse:  # fmt: skip
+        """The request sent on to ``engine`` and its answer back; a completion relayed at the transport level (``relay.py``)."""
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         key = self.api_keys.get(engine)
         if key and routes.authenticated(request.path):  # the engine's key on paths vLLM authenticates, nowhere else
             headers["Authorization"] = f"Bearer {key}"
-        if stream:
+        if generate:
             try:
-                return await relay.relay(request, self.upstreams[engine], headers, data, self.settings.upstream_timeout_seconds)
+                return await relay.relay(request, self.pools[engine], headers, data, self.settings.upstream_timeout_seconds, stream)
             except (relay.Unreachable, relay.NoAnswer, asyncio.TimeoutError) as exc:
                 if isinstance(exc, relay.Unreachable):
                     self.set_available(engine, False, "refused")  # until the next poll says otherwise

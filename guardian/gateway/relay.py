@@ -15,10 +15,12 @@ Back-pressure is kept: when the client's transport holds more than
 under ``LOW_WATER_BYTES``, so a client that does not read costs a bounded
 buffer and vLLM sees its socket fill, as with a direct client.
 
-Only ``Transfer-Encoding: chunked`` answers are relayed this way; an answer
-of known length (vLLM's JSON errors, even for a streamed request) is read
-whole and returned as an ordinary response. One upstream connection per
-stream (``Connection: close``): a connect is small beside a stream's events.
+``Transfer-Encoding: chunked`` answers are relayed this way; an answer of
+known length (a completion that is not streamed; vLLM's JSON errors, even
+for a streamed request) is read whole and returned as an ordinary response,
+and its connection is kept alive for the next (``Pool``). A stream has a
+connection of its own (``Connection: close``): a connect is small beside a
+stream's events.
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ class _Upstream(asyncio.Protocol):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reset()
+
+    def reset(self) -> None:
+        """Ready for the next exchange on this connection (kept alive, from the pool)."""
+        loop = self.loop
         self.head: asyncio.Future[tuple[int, str, list[tuple[str, str]]]] = loop.create_future()
         self.done: asyncio.Future[bytes] = loop.create_future()  # the whole body (known length), or b"" once relayed
         self._buffer = bytearray()  # the head; then body bytes that came before the client was attached
@@ -65,6 +73,7 @@ class _Upstream(asyncio.Protocol):
         self._left = 0  # bytes of the current chunk still to pass (data and its CRLF)
         self._in_trailer = False
         self._paused = False
+        self._keep_alive = True  # the answer did not say Connection: close
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -83,6 +92,7 @@ class _Upstream(asyncio.Protocol):
                 self._check_whole()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
         if not self.head.done():
             self.head.set_exception(UpstreamError("the upstream closed the connection before answering"))
         elif not self.done.done():
@@ -114,6 +124,9 @@ class _Upstream(asyncio.Protocol):
                 self._chunked = True
             elif low == "content-length" and value.isdigit():
                 self._length = int(value)
+            elif low == "connection" and "close" in value.lower():
+                self._keep_alive = False
+        self._keep_alive = self._keep_alive and parts[0] == "HTTP/1.1"
         self.head.set_result((int(parts[1]), parts[2] if len(parts) > 2 else "", headers))
         if not self._chunked and self._length is not None:
             self._check_whole()
@@ -198,14 +211,74 @@ class _Upstream(asyncio.Protocol):
         else:
             self.loop.call_later(RESUME_CHECK_SECONDS, self._maybe_resume)
 
+    @property
+    def reusable(self) -> bool:
+        """The answer was of known length and read exactly, and neither side said Connection: close."""
+        return (self._keep_alive and not self.closed and self._length is not None and self.done.done()
+                and not self.done.exception() and len(self._buffer) == self._length)  # fmt: skip
+
     def close(self) -> None:
+        self.closed = True
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
 
-async def relay(request: web.Request, base_url: str, headers: Mapping[str, str], body: bytes,
-                timeout: float) -> web.StreamResponse:  # fmt: skip
-    """``request`` sent to ``base_url`` with ``headers`` and ``body``; the answer relayed back to its client.
+class Pool:
+    """Idle keep-alive connections to one upstream, for answers of known length (a stream has its own connection).
+
+    A connection idle for ``IDLE_SECONDS`` is not used again: vLLM's server
+    (uvicorn) closes idle ones after 5 s, and a request sent as it does is
+    lost. One that was closed under a request before any answer came is
+    retried once on a new connection: the upstream never read it.
+    """
+
+    IDLE_SECONDS = 4.0
+    SIZE = 64
+
+    def __init__(self, base_url: str) -> None:
+        parts = urlsplit(base_url)
+        self.secure = parts.scheme == "https"
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if self.secure else 80)
+        self.netloc = parts.netloc
+        self.prefix = parts.path.rstrip("/")
+        self._idle: list[tuple[float, _Upstream]] = []
+
+    async def open(self, timeout: float) -> tuple[_Upstream, bool]:
+        """A connection: an idle one (True) or a new one (False)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while self._idle:
+            since, upstream = self._idle.pop()
+            if upstream.reusable and now - since < self.IDLE_SECONDS:  # nothing came or went while idle
+                upstream.reset()
+                return upstream, True
+            upstream.close()
+        try:
+            _, fresh = await asyncio.wait_for(
+                loop.create_connection(lambda: _Upstream(loop), self.host, self.port,
+                                       ssl=ssl.create_default_context() if self.secure else None),
+                timeout,
+            )  # fmt: skip
+        except OSError as exc:
+            raise Unreachable(exc.errno, exc.strerror or str(exc)) from None
+        return fresh, False
+
+    def give(self, upstream: _Upstream) -> None:
+        if upstream.reusable and len(self._idle) < self.SIZE:
+            self._idle.append((upstream.loop.time(), upstream))
+        else:
+            upstream.close()
+
+    def close(self) -> None:
+        for _, upstream in self._idle:
+            upstream.close()
+        self._idle.clear()
+
+
+async def relay(request: web.Request, pool: Pool, headers: Mapping[str, str], body: bytes, timeout: float,
+                stream: bool) -> web.StreamResponse:  # fmt: skip
+    """``request`` sent upstream with ``headers`` and ``body``; the answer relayed back to its client.
 
     Raises ``Unreachable`` when the upstream cannot be reached, ``NoAnswer``
     or ``asyncio.TimeoutError`` when it answers nothing usable in time (the
@@ -214,49 +287,50 @@ async def relay(request: web.Request, base_url: str, headers: Mapping[str, str],
     on it then, and its stream ends cut, as the upstream's did.
     """
     loop = asyncio.get_running_loop()
-    parts = urlsplit(base_url)
-    secure = parts.scheme == "https"
-    host = parts.hostname or "127.0.0.1"
-    port = parts.port or (443 if secure else 80)
-    try:
-        transport, upstream = await asyncio.wait_for(
-            loop.create_connection(lambda: _Upstream(loop), host, port, ssl=ssl.create_default_context() if secure else None),
-            timeout,
-        )
-    except OSError as exc:
-        raise Unreachable(exc.errno, exc.strerror or str(exc)) from None
     deadline = loop.time() + timeout
+    lines = [f"{request.method} {pool.prefix}{request.rel_url.path_qs} HTTP/1.1", f"Host: {pool.netloc}", f"Content-Length: {len(body)}"]
+    lines += ["Connection: close"] if stream else []
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    message = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    for attempt in (1, 2):
+        upstream, reused = await pool.open(deadline - loop.time())
+        try:
+            assert upstream.transport is not None
+            upstream.transport.write(message)
+            try:
+                status, reason, head = await asyncio.wait_for(upstream.head, deadline - loop.time())
+            except UpstreamError as exc:
+                if reused and attempt == 1:
+                    continue  # a kept-alive connection the upstream had just closed: it never read the request
+                raise NoAnswer(str(exc)) from None
+            passed = [(k, v) for k, v in head if k.lower() not in _NOT_PASSED]
+            if not upstream._chunked:
+                whole = web.Response(status=status, reason=reason or None, body=await asyncio.wait_for(upstream.done, deadline - loop.time()))
+                for k, v in passed:
+                    whole.headers.add(k, v)
+                return whole
+            return await _relay_chunked(request, upstream, status, reason, passed, deadline, timeout)
+        finally:
+            pool.give(upstream)  # kept when the answer was read whole and may be; else closed (and its request with it)
+    raise AssertionError("unreachable")
+
+
+async def _relay_chunked(request: web.Request, upstream: _Upstream, status: int, reason: str, passed: list[tuple[str, str]],
+                         deadline: float, timeout: float) -> web.StreamResponse:  # fmt: skip
+    response = web.StreamResponse(status=status, reason=reason or None)
+    for k, v in passed:
+        response.headers.add(k, v)
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    if request.transport is None:  # the client is gone already
+        raise UpstreamError("the client closed the connection")
+    upstream.attach(request.transport)
     try:
-        target = parts.path.rstrip("/") + request.rel_url.path_qs
-        lines = [f"{request.method} {target} HTTP/1.1", f"Host: {parts.netloc}", f"Content-Length: {len(body)}", "Connection: close"]
-        lines += [f"{k}: {v}" for k, v in headers.items()]
-        transport.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
-        try:
-            status, reason, head = await asyncio.wait_for(upstream.head, deadline - loop.time())
-        except UpstreamError as exc:
-            raise NoAnswer(str(exc)) from None
-        passed = [(k, v) for k, v in head if k.lower() not in _NOT_PASSED]
-        if not upstream._chunked:
-            whole = web.Response(status=status, reason=reason or None, body=await asyncio.wait_for(upstream.done, deadline - loop.time()))
-            for k, v in passed:
-                whole.headers.add(k, v)
-            return whole
-        response = web.StreamResponse(status=status, reason=reason or None)
-        for k, v in passed:
-            response.headers.add(k, v)
-        response.enable_chunked_encoding()
-        await response.prepare(request)
-        if request.transport is None:  # the client is gone already
-            raise UpstreamError("the client closed the connection")
-        upstream.attach(request.transport)
-        try:
-            await asyncio.wait_for(upstream.done, deadline - loop.time())
-        except asyncio.TimeoutError:
-            raise UpstreamError(f"the answer took longer than {timeout:g}s") from None
-        await response.write_eof()
-        return response
-    finally:
-        upstream.close()  # done, or the client went away (the handler is cancelled): the upstream request ends too
+        await asyncio.wait_for(upstream.done, deadline - upstream.loop.time())
+    except asyncio.TimeoutError:
+        raise UpstreamError(f"the answer took longer than {timeout:g}s") from None
+    await response.write_eof()
+    return response
 
 
 _NOT_PASSED = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
