@@ -294,3 +294,42 @@ async def test_a_connection_the_upstream_says_to_close_is_not_kept() -> None:
         await gw.close()
         server.close()
     assert connections == 3
+
+
+@pytest.mark.parametrize("cut", [1, 7, 1000])
+def test_an_interim_100_continue_is_skipped_for_the_answer_that_follows(cut: int) -> None:
+    answer = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    loop = asyncio.new_event_loop()
+    try:
+        upstream = _Upstream(loop)
+        for i in range(0, len(answer), cut):
+            upstream.data_received(answer[i : i + cut])
+        assert upstream.head.result()[0] == 200 and upstream.done.result() == b"ok"
+    finally:
+        loop.close()
+
+
+async def test_header_bytes_that_are_not_ascii_reach_the_upstream_as_they_came() -> None:
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        seen.append(head)
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n" + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode() + ANSWER)
+        writer.close()
+
+    server, url = await _raw_upstream(handler)
+    gw = await _gateway_to(url)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.address[1])  # type: ignore[index]
+        body = b'{"prompt": "hi"}'
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Team: \xc3\xa9quipe\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)  # fmt: skip
+        status = await reader.readline()
+        writer.close()
+    finally:
+        await gw.close()
+        server.close()
+    assert status.startswith(b"HTTP/1.1 200") and b"X-Team: \xc3\xa9quipe" in seen[0]

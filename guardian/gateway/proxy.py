@@ -48,7 +48,7 @@ from guardian.snapshot import GatewayView
 log = logs.get("guardian.gateway")
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-              "transfer-encoding", "upgrade", "host", "content-length"}  # fmt: skip
+              "transfer-encoding", "upgrade", "host", "content-length", "expect"}  # fmt: skip  (the body is sent whole)
 WHOLE_BODY_BYTES = 1 << 20  # answers up to this size with a Content-Length are relayed whole
 RETRY_AFTER_NO_ENGINE_SECONDS = 10  # no engine of the pool is up: a model load takes longer, a blip less
 

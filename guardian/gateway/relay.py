@@ -117,6 +117,9 @@ class _Upstream(asyncio.Protocol):
             self.head.set_exception(UpstreamError(f"the upstream's answer is not HTTP/1.1: {lines[0][:80]!r}"))
             self.close()
             return
+        if parts[1].startswith("1") and parts[1] != "101":  # an interim answer (100 Continue): the real one follows
+            self._read_head()
+            return
         headers = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:]) if k]
         for key, value in headers:
             low = key.lower()
@@ -291,7 +294,7 @@ async def relay(request: web.Request, pool: Pool, headers: Mapping[str, str], bo
     lines = [f"{request.method} {pool.prefix}{request.rel_url.path_qs} HTTP/1.1", f"Host: {pool.netloc}", f"Content-Length: {len(body)}"]
     lines += ["Connection: close"] if stream else []
     lines += [f"{k}: {v}" for k, v in headers.items()]
-    message = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    message = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape") + body  # the header bytes as they came
     for attempt in (1, 2):
         upstream, reused = await pool.open(deadline - loop.time())
         try:
