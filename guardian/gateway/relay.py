@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import Mapping
+from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -65,6 +65,8 @@ class _Upstream(asyncio.Protocol):
         loop = self.loop
         self.head: asyncio.Future[tuple[int, str, list[tuple[str, str]]]] = loop.create_future()
         self.done: asyncio.Future[bytes] = loop.create_future()  # the whole body (known length), or b"" once relayed
+        for future in (self.head, self.done):  # an exchange given up (the client left) leaves no "never retrieved" noise
+            future.add_done_callback(_retrieved)
         self._buffer = bytearray()  # the head; then body bytes that came before the client was attached
         self._client: asyncio.BaseTransport | None = None
         self._chunked = False
@@ -224,6 +226,11 @@ class _Upstream(asyncio.Protocol):
         self.closed = True
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class Pool:
