@@ -110,3 +110,58 @@ def test_family_filter_refuses_garbage_in_a_wanted_family_with_the_right_line() 
     assert info.value.line == 6
     # the same line in a family nobody asked for is not read at all
     assert promtext.Parser().parse(text, frozenset({"a"})).get("a")[0][1] == 1
+
+
+def _pages(vllm_page: str, seed: int) -> list[str]:
+    """The page as a target serves it poll after poll: values that grow (longer and shorter), a series that
+    appears, a family that appears, a garbage line, and the families in another order."""
+    import random
+
+    rng = random.Random(seed)
+    blocks = vllm_page.split("# HELP ")[1:]
+    pages = []
+    for poll in range(100):
+        out = []
+        for block in blocks:
+            lines = []
+            for line in block.split("\n"):
+                if line and not line.startswith(("#", "vllm:cache_config_info")) and "{" in line and rng.random() < 0.5:
+                    key, _, value = line.rpartition(" ")
+                    line = f"{key} {rng.choice(['0.0', '7.0', '12345.0', '1e+06', str(rng.random())])}"
+                lines.append(line)
+            out.append("\n".join(lines))
+        if poll >= 10:  # a new engine core's series in a wanted family
+            out = [b.replace('vllm:num_requests_running{engine="0"', 'vllm:num_requests_running{engine="1"} 3.0\nvllm:num_requests_running{engine="0"')
+                   if b.startswith("vllm:num_requests_running ") else b for b in out]  # fmt: skip
+        if poll >= 20:  # a family the page did not have
+            out.insert(3, "vllm:gpu_cache_usage_perc GPU KV-cache usage.\n# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc 0.5\n")
+        if poll >= 90:
+            rng.shuffle(out)
+        pages.append("".join("# HELP " + b for b in out))
+    return pages
+
+
+def test_a_warm_parser_reads_every_poll_as_a_fresh_one_would(vllm_page: str) -> None:
+    """...but a family missing from a target's page is looked for again only every ``ABSENT_RECHECK_PARSES`` parses
+    (or after the target was gone): vLLM registers its families at start, and looking costs a scan of the page."""
+    from guardian.sources.vllm_page import FAMILIES
+
+    warm = promtext.Parser()
+    late = {"vllm:gpu_cache_usage_perc"}  # appears at poll 20
+    for i, text in enumerate(_pages(vllm_page, seed=3)):
+        ours, fresh = warm.parse(text, FAMILIES), promtext.Parser().parse(text, FAMILIES)
+        if 20 <= i < 20 + promtext.ABSENT_RECHECK_PARSES and late - set(ours.samples):
+            assert {k: v for k, v in fresh.samples.items() if k not in late} == ours.samples, f"poll {i}"
+            continue
+        assert ours.samples == fresh.samples and ours.types == fresh.types, f"poll {i}"
+    assert late <= set(ours.samples)
+
+
+def test_a_target_that_was_gone_is_read_afresh(vllm_page: str) -> None:
+    from guardian.sources.vllm_page import FAMILIES
+
+    pages = _pages(vllm_page, seed=4)
+    warm = promtext.Parser()
+    warm.parse(pages[0], FAMILIES)  # gpu_cache_usage_perc is missing here
+    warm.forget()  # the scrape failed: the target restarted
+    assert warm.parse(pages[25], FAMILIES).samples == promtext.Parser().parse(pages[25], FAMILIES).samples

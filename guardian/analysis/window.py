@@ -10,6 +10,7 @@ Time is always an argument: these are pure data structures.
 from __future__ import annotations
 
 import math
+import operator
 from collections import deque
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -121,7 +122,7 @@ class HistogramWindow:
         last = self._last_raw
         if last is not None:
             # A reset shows as the total going down; any bucket going down also means one.
-            if raw[-1] < last[-1] or any(c < p for c, p in zip(raw, last)):
+            if raw[-1] < last[-1] or any(map(operator.lt, raw, last)):
                 self.resets += 1
                 self._adjusted = [a + c for a, c in zip(self._adjusted, raw)]
             else:

@@ -86,8 +86,9 @@ class Readers:
 
 def with_processes(reading: EngineReading, procs: Tree | None, status: ProcessStatus | None) -> EngineReading:
     """The reading with its process tree and its launcher's word on its main process (``EngineReading.main_process``)."""
+    changes: dict[str, object] = {}
     if procs is not None:
-        reading = replace(reading, processes=procs[0], process_error=procs[1])
+        changes.update(processes=procs[0], process_error=procs[1])
     if status is not None:
-        reading = replace(reading, process_alive=status.alive, process_started=status.started)
-    return reading
+        changes.update(process_alive=status.alive, process_started=status.started)
+    return replace(reading, **changes) if changes else reading  # type: ignore[arg-type]

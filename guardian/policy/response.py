@@ -117,12 +117,15 @@ def respond(
         state = replace(state, restarting=None)
         if not restart_finished:
             actions.append(_notify(name, state.breaker.level, "page", "restart_failed", "the restart did not bring the engine back"))
-    state = replace(state, restarts=tuple(r for r in state.restarts if t - r < rp.restart_budget_window_seconds))
+    kept = tuple(r for r in state.restarts if t - r < rp.restart_budget_window_seconds)
+    if kept != state.restarts:
+        state = replace(state, restarts=kept)
     e = configured_headroom(state, e)
     seen = e if state.restarting is None else replace(e, telemetry_lost=True, phase="starting")  # paused, then down: on purpose
     shut = state.breaker.shut
     b, transition = breaker.step(state.breaker, seen, t, bp)
-    state = replace(state, breaker=b)
+    if b != state.breaker:  # most polls change nothing: no new state
+        state = replace(state, breaker=b)
     if transition is not None:
         transitions.append(transition)
         actions += [_memory_page(a, e) for a in on_transition(name, transition, b.shut)]

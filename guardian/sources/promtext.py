@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 Labels = dict[str, str]
+HELP_SLACK_BYTES = 4096  # a HELP line is looked for this far around its last place (values change length)
+ABSENT_RECHECK_PARSES = 60  # a family missing from a target's page is looked for again every this many parses
 _T = TypeVar("_T")
 
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
@@ -84,6 +86,9 @@ class Parser:
     def __init__(self, max_series: int = 20_000) -> None:
         self._series: dict[str, tuple[str, Labels]] = {}
         self._max_series = max_series
+        self._layouts: dict[str, _Layout | None] = {}
+        self._offsets: dict[str, int | None] = {}  # per family: where its HELP line was last time (None: missing)
+        self._absent_checks: dict[str, int] = {}  # per family: the block's lines last time, when they were all plain samples
 
     def parse(self, text: str, families: frozenset[str] | None = None) -> Page:
         """Parse a page; with ``families``, only those families' samples are read.
@@ -99,22 +104,89 @@ class Parser:
             raise ParseError("page is truncated: the last line has no newline", truncated=True)
         if len(self._series) > self._max_series:
             self._series.clear()  # a target with churning labels: start over rather than grow
+            self._layouts.clear()
+            self._offsets.clear()
         page = Page()
         if families is None or not text.startswith("# HELP "):
             self._lines(text, 0, len(text), page)
             return page
-        # the page is walked by offsets, never split or copied whole: only the blocks read are sliced
-        find, pos, size = text.find, 0, len(text)
-        while True:
-            eol = find("\n", pos)  # the end of this block's HELP line
-            space = find(" ", pos + 7, eol)
-            following = find("\n# HELP ", eol)
-            stop = size if following < 0 else following + 1
-            if text[pos + 7 : space if space >= 0 else eol] in families and self._lines(text, eol + 1, stop, page):
-                return page
-            if following < 0:
-                return page
-            pos = following + 1
+        # the wanted blocks are found by their HELP lines, near where they were last time: the page is
+        # never split, copied or walked whole, and only the blocks read are sliced
+        found = []
+        for family in families:
+            start = self._help_line(text, family)
+            if start >= 0:
+                found.append((start, family))
+        found.sort()
+        for start, family in found:
+            eol = text.find("\n", start)
+            following = text.find("\n# HELP ", eol)
+            if self._block(family, text, eol + 1, len(text) if following < 0 else following + 1, page):
+                break
+        return page
+
+    def forget(self) -> None:
+        """The target went away (a restart may bring another version's page): look for every family afresh."""
+        self._offsets.clear()
+        self._absent_checks.clear()
+
+    def _help_line(self, text: str, family: str) -> int:
+        """Where ``family``'s HELP line starts, or -1; looked for near its last place, a missing one now and then."""
+        header = f"# HELP {family} "
+        last = self._offsets.get(family)
+        if last is None and family in self._offsets:  # missing last time: look again only now and then
+            self._absent_checks[family] = checks = self._absent_checks.get(family, 0) + 1
+            if checks % ABSENT_RECHECK_PARSES:
+                return -1
+        at = -1
+        if last is not None:
+            if text.startswith(header, last) and (last == 0 or text[last - 1] == "\n"):
+                return last  # where it was: nothing before it changed length
+            for slack in (256, HELP_SLACK_BYTES):
+                at = text.find(header, max(0, last - slack), last + slack + len(header))
+                if at >= 0:
+                    break
+        if at < 0:
+            at = text.find(header)
+        while at > 0 and text[at - 1] != "\n":  # the name inside another line, not a HELP line of its own
+            at = text.find(header, at + 1)
+        self._offsets[family] = at if at >= 0 else None
+        return at
+
+    def _block(self, family: str, text: str, start: int, stop: int, page: Page) -> bool:
+        """A family's block (after its HELP line); True when ``# EOF`` was reached.
+
+        A target's blocks carry the same series poll after poll: when the
+        block's series are the ones it had last time (compared as a list,
+        in C), only the values are read and the samples are built by
+        slices; anything else is read line by line (``_lines``) and its
+        layout remembered for the next poll.
+        """
+        lines = text[start:stop].split("\n")
+        if lines[-1] == "":
+            lines.pop()
+        layout = self._layouts.get(family)
+        if layout is not None and lines and lines[0] == layout.type_line:
+            parts = [line.rpartition(" ") for line in lines[1:]]
+            if [p[0] for p in parts] == layout.keys:
+                try:
+                    values = list(map(float, [p[2] for p in parts]))
+                except ValueError:
+                    values = None  # read line by line: the error (or a timestamp) is found there
+                if values is not None:
+                    _type_line(layout.type_line, page)
+                    samples = page.samples
+                    for name, low, high, labels in layout.segments:
+                        found = samples.get(name)
+                        if found is None:
+                            samples[name] = list(zip(labels, values[low:high]))
+                        else:
+                            found.extend(zip(labels, values[low:high]))
+                    return False
+        if self._lines(text, start, stop, page):
+            return True
+        self._layouts[family] = _Layout.of(lines, self._series)
+        return False
 
     def _sample(self, line: str) -> tuple[tuple[str, Labels], float]:
         """A line whose series is not known yet (or carries a timestamp): checked, and its series remembered."""
@@ -178,6 +250,33 @@ class Parser:
                 entries = found
             entries.append((known[1], value))
         return False
+
+
+@dataclass(slots=True)
+class _Layout:
+    """A family block's TYPE line, its sample lines' series keys, and the runs of one sample name among them."""
+
+    type_line: str
+    keys: list[str]
+    segments: list[tuple[str, int, int, list[Labels]]]  # (sample name, first line, past the last, their labels)
+
+    @classmethod
+    def of(cls, lines: list[str], series: dict[str, tuple[str, Labels]]) -> _Layout | None:
+        """None when the block is not a TYPE line and plain samples of known series (comments, timestamps, odd spacing)."""
+        if not lines or not lines[0].startswith("# TYPE "):
+            return None
+        keys = [line.rpartition(" ")[0] for line in lines[1:]]
+        known = [series.get(key) for key in keys]
+        if any(k is None for k in known) or any(line[:1] in ("#", "") for line in lines[1:]):
+            return None
+        segments: list[tuple[str, int, int, list[Labels]]] = []
+        for i, (name, labels) in enumerate(known):  # type: ignore[misc]
+            if segments and segments[-1][0] is name:
+                segments[-1][3].append(labels)
+                segments[-1] = (name, segments[-1][1], i + 1, segments[-1][3])
+            else:
+                segments.append((name, i, i + 1, [labels]))
+        return cls(lines[0], keys, segments)
 
 
 def parse(text: str) -> Page:

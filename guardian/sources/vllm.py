@@ -50,6 +50,7 @@ class VllmScraper:
         health = self._health
         elapsed = time.perf_counter() - started
         if isinstance(metrics, _Failure):
+            self._parser.forget()  # it may come back as another vLLM, with other families
             return EngineReading(
                 name=self.name, up=False, healthy=health, error=metrics.reason, error_kind=metrics.kind, scrape_seconds=elapsed
             )
