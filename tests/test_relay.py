@@ -219,6 +219,22 @@ async def _read_request(reader: asyncio.StreamReader) -> bool:
     return True
 
 
+async def _through_gateway(handler: Any, requests: int) -> list[tuple[int, bytes]]:
+    """``requests`` plain completions, one after the other, through a gateway in front of the raw ``handler``."""
+    server, url = await _raw_upstream(handler)
+    gw = await _gateway_to(url)
+    answers = []
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(requests):
+                async with http.post(f"http://127.0.0.1:{gw.address[1]}/v1/completions", json={"prompt": "hi"}) as resp:  # type: ignore[index]
+                    answers.append((resp.status, await resp.read()))
+    finally:
+        await gw.close()
+        server.close()
+    return answers
+
+
 async def test_plain_answers_reuse_one_kept_alive_upstream_connection() -> None:
     connections = 0
 
@@ -230,16 +246,7 @@ async def test_plain_answers_reuse_one_kept_alive_upstream_connection() -> None:
                          + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode() + ANSWER)  # fmt: skip
         writer.close()
 
-    server, url = await _raw_upstream(handler)
-    gw = await _gateway_to(url)
-    try:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(10):
-                async with http.post(f"http://127.0.0.1:{gw.address[1]}/v1/completions", json={"prompt": "hi"}) as resp:  # type: ignore[index]
-                    assert resp.status == 200 and await resp.read() == ANSWER
-    finally:
-        await gw.close()
-        server.close()
+    assert await _through_gateway(handler, 10) == [(200, ANSWER)] * 10
     assert connections == 1
 
 
@@ -259,18 +266,8 @@ async def test_a_kept_alive_connection_closed_under_a_request_is_retried_on_a_ne
                          + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode() + ANSWER)  # fmt: skip
         writer.close()
 
-    server, url = await _raw_upstream(handler)
-    gw = await _gateway_to(url)
-    try:
-        async with aiohttp.ClientSession() as http:
-            statuses = []
-            for _ in range(2):
-                async with http.post(f"http://127.0.0.1:{gw.address[1]}/v1/completions", json={"prompt": "hi"}) as resp:  # type: ignore[index]
-                    statuses.append((resp.status, await resp.read()))
-    finally:
-        await gw.close()
-        server.close()
-    assert statuses == [(200, ANSWER), (200, ANSWER)] and connections == 2
+    assert await _through_gateway(handler, 2) == [(200, ANSWER)] * 2
+    assert connections == 2
 
 
 async def test_a_connection_the_upstream_says_to_close_is_not_kept() -> None:
@@ -283,16 +280,7 @@ async def test_a_connection_the_upstream_says_to_close_is_not_kept() -> None:
             writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n" + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode() + ANSWER)
         writer.close()
 
-    server, url = await _raw_upstream(handler)
-    gw = await _gateway_to(url)
-    try:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(3):
-                async with http.post(f"http://127.0.0.1:{gw.address[1]}/v1/completions", json={"prompt": "hi"}) as resp:  # type: ignore[index]
-                    assert resp.status == 200 and await resp.read() == ANSWER
-    finally:
-        await gw.close()
-        server.close()
+    assert await _through_gateway(handler, 3) == [(200, ANSWER)] * 3
     assert connections == 3
 
 
