@@ -65,3 +65,23 @@ def test_a_new_root_start_time_counts_as_a_restart() -> None:
     assert tracker.restarts == 0
     tracker.update(2, reading(1500.0), {})
     assert tracker.restarts == 1
+
+
+def test_a_process_that_renames_itself_after_start_shows_its_new_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from guardian.sources import process
+
+    renames = "import time; time.sleep(0.4); open('/proc/self/comm', 'w').write('VLLM::EngineCor'); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", renames])
+    try:
+        pid_file = tmp_path / "vllm.pid"
+        pid_file.write_text(f"{proc.pid}\n")
+        source = ProcessSource(ProcessSection(pid_file=pid_file))
+        before, _ = source.read()
+        time.sleep(1.0)
+        monkeypatch.setattr(process, "CHILDREN_SECONDS", 0.0)  # the tree's next walk is due
+        after, _ = source.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert before is not None and after is not None
+    assert before[0].name != "VLLM::EngineCor" and after[0].name == "VLLM::EngineCor"

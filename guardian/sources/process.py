@@ -88,7 +88,7 @@ class ProcessSource:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         self._tree, self._tree_roots, self._tree_at = tree, [r.pid for r in roots], now
-        self._identity = {pid: ident for pid, ident in self._identity.items() if pid in tree}
+        self._identity = {}  # names read again with the tree: vLLM renames its processes after they start (VLLM::EngineCore)
         self._dirty = False
         return tree
 
