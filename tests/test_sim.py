@@ -158,3 +158,39 @@ async def test_pause_wait_drains_and_holds_new_requests_until_resume() -> None:
             answer.release()
     finally:
         await server.stop()
+
+
+async def test_a_stream_whose_connection_closes_under_a_write_is_aborted_without_an_error_in_the_log(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway closed the connection (the demo ending, a client gone) between two events: the write fails."""
+    import logging
+
+    from aiohttp import web
+
+    real_write = web.StreamResponse.write
+    writes = 0
+
+    async def write(self: web.StreamResponse, data: bytes) -> None:
+        nonlocal writes
+        writes += 1
+        if writes > 2:
+            raise ConnectionResetError("Cannot write to closing transport")
+        await real_write(self, data)
+
+    monkeypatch.setattr(web.StreamResponse, "write", write)
+    server = SimServer(EngineModel(seed=1))
+    await server.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="aiohttp.server"):
+            async with aiohttp.ClientSession() as http:
+                async with http.post(server.url + "/v1/completions", json={"prompt": "hi " * 50, "max_tokens": 500, "stream": True}) as resp:
+                    try:
+                        await resp.read()
+                    except aiohttp.ClientPayloadError:
+                        pass  # the stream ends cut
+            await asyncio.sleep(0.1)
+    finally:
+        await server.stop()
+    assert not server.engine.running and not server.engine.waiting  # aborted, as vLLM aborts a request whose client left
+    assert [r.getMessage() for r in caplog.records if r.name == "aiohttp.server"] == []

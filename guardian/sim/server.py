@@ -335,9 +335,25 @@ class SimServer:
         req: SimRequest,
         body: dict[str, Any],
     ) -> web.StreamResponse:
-        model = self.engine.params.model_name
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        try:
+            await self._events(resp, events, rid, created, chat, req, body)
+        except ConnectionResetError:
+            pass  # the client (or the gateway before it) went away: vLLM aborts the request, it logs no error
+        return resp
+
+    async def _events(
+        self,
+        resp: web.StreamResponse,
+        events: asyncio.Queue[tuple[int, str | None]],
+        rid: str,
+        created: int,
+        chat: bool,
+        req: SimRequest,
+        body: dict[str, Any],
+    ) -> None:
+        model = self.engine.params.model_name
         first = True
         reason = None
         while reason is None:
@@ -362,4 +378,3 @@ class SimServer:
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
-        return resp
