@@ -116,7 +116,7 @@ async def test_with_the_child_launcher_guardian_starts_the_engine_once(cluster: 
     try:
         assert json.loads((tmp_path / "state" / "sim0.pid").read_text())["pid"] == pid
         deadline = time.monotonic() + 30  # a loaded machine starts Python slowly
-        while not marker.exists() and time.monotonic() < deadline:
+        while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline:  # created, then written
             time.sleep(0.05)
         assert marker.read_text() == "--max-num-seqs 16\n"
     finally:
