@@ -338,43 +338,31 @@ class SimServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         try:
-            await self._events(resp, events, rid, created, chat, req, body)
+            model = self.engine.params.model_name
+            first = True
+            reason = None
+            while reason is None:
+                n, reason = await events.get()
+                if n == 0 and reason is None:
+                    continue
+                text = " tok" * n
+                if chat:
+                    delta: dict[str, Any] = {"content": text}
+                    if first:
+                        delta["role"] = "assistant"
+                    choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+                    obj = "chat.completion.chunk"
+                else:
+                    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
+                    obj = "text_completion"
+                first = False
+                chunk = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if (body.get("stream_options") or {}).get("include_usage"):
+                chunk = {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage(req.prompt_tokens, req.generated)}
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
         except ConnectionResetError:
             pass  # the client (or the gateway before it) went away: vLLM aborts the request, it logs no error
         return resp
-
-    async def _events(
-        self,
-        resp: web.StreamResponse,
-        events: asyncio.Queue[tuple[int, str | None]],
-        rid: str,
-        created: int,
-        chat: bool,
-        req: SimRequest,
-        body: dict[str, Any],
-    ) -> None:
-        model = self.engine.params.model_name
-        first = True
-        reason = None
-        while reason is None:
-            n, reason = await events.get()
-            if n == 0 and reason is None:
-                continue
-            text = " tok" * n
-            if chat:
-                delta: dict[str, Any] = {"content": text}
-                if first:
-                    delta["role"] = "assistant"
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-                obj = "chat.completion.chunk"
-            else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
-                obj = "text_completion"
-            first = False
-            chunk = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
-            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        if (body.get("stream_options") or {}).get("include_usage"):
-            chunk = {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage(req.prompt_tokens, req.generated)}
-            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
