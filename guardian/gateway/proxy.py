@@ -47,8 +47,6 @@ from guardian.snapshot import GatewayView
 
 log = logs.get("guardian.gateway")
 
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-              "transfer-encoding", "upgrade", "host", "content-length", "expect"}  # fmt: skip  (the body is sent whole)
 WHOLE_BODY_BYTES = 1 << 20  # answers up to this size with a Content-Length are relayed whole
 RETRY_AFTER_NO_ENGINE_SECONDS = 10  # no engine of the pool is up: a model load takes longer, a blip less
 
@@ -325,7 +323,7 @@ class GatewayServer:
                        stream: bool = False) -> web.StreamResponse:  # fmt: skip
         """The request sent on to ``engine`` and its answer back; a completion relayed at the transport level (``relay.py``)."""
         assert self._session is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in relay.HOP_BY_HOP}
         key = self.api_keys.get(engine)
         if key and routes.authenticated(request.path):  # the engine's key on paths vLLM authenticates, nowhere else
             headers["Authorization"] = f"Bearer {key}"
@@ -339,7 +337,7 @@ class GatewayServer:
         url = self.upstreams[engine] + request.rel_url.path_qs
         try:
             async with self._session.request(request.method, url, data=data or None, headers=headers) as up:
-                passed = [(k, v) for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP]
+                passed = [(k, v) for k, v in up.headers.items() if k.lower() not in relay.HOP_BY_HOP]
                 if up.content_length is not None and up.content_length <= WHOLE_BODY_BYTES:
                     # a complete answer of known size (not a stream): one write instead of a chunked stream
                     whole = web.Response(status=up.status, reason=up.reason, body=await up.read())

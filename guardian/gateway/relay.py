@@ -32,6 +32,10 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+# headers of one connection, not passed from client to vLLM or back (the relay also drops trailers, hence Trailer;
+# the body is sent whole, hence Expect; its length and Host are the gateway's own)
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
+                        "transfer-encoding", "upgrade", "host", "content-length", "expect"})  # fmt: skip
 HIGH_WATER_BYTES = 256 * 1024
 LOW_WATER_BYTES = 64 * 1024
 RESUME_CHECK_SECONDS = 0.005  # while paused: how often the client's buffer is looked at
@@ -313,7 +317,7 @@ async def relay(request: web.Request, pool: Pool, headers: Mapping[str, str], bo
                 if reused and attempt == 1:
                     continue  # a kept-alive connection the upstream had just closed: it never read the request
                 raise NoAnswer(str(exc)) from None
-            passed = [(k, v) for k, v in head if k.lower() not in _NOT_PASSED]
+            passed = [(k, v) for k, v in head if k.lower() not in HOP_BY_HOP]
             if not upstream._chunked:
                 whole = web.Response(status=status, reason=reason or None, body=await asyncio.wait_for(upstream.done, deadline - loop.time()))
                 for k, v in passed:
@@ -341,7 +345,3 @@ async def _relay_chunked(request: web.Request, upstream: _Upstream, status: int,
         raise UpstreamError(f"the answer took longer than {timeout:g}s") from None
     await response.write_eof()
     return response
-
-
-_NOT_PASSED = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
-               "transfer-encoding", "upgrade", "content-length"}  # fmt: skip
