@@ -269,13 +269,10 @@ class _Layout:
         known = [series.get(key) for key in keys]
         if any(k is None for k in known) or any(line[:1] in ("#", "") for line in lines[1:]):
             return None
-        segments: list[tuple[str, int, int, list[Labels]]] = []
-        for i, (name, labels) in enumerate(known):  # type: ignore[misc]
-            if segments and segments[-1][0] is name:
-                segments[-1][3].append(labels)
-                segments[-1] = (name, segments[-1][1], i + 1, segments[-1][3])
-            else:
-                segments.append((name, i, i + 1, [labels]))
+        names = [k[0] for k in known]  # type: ignore[index]
+        starts = [i for i in range(len(names)) if i == 0 or names[i] is not names[i - 1]]  # a sample name's run begins
+        segments = [(names[low], low, high, [k[1] for k in known[low:high]])  # type: ignore[index]
+                    for low, high in zip(starts, starts[1:] + [len(names)])]  # fmt: skip
         return cls(lines[0], keys, segments)
 
 
