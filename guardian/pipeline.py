@@ -22,7 +22,7 @@ from guardian.policy.evidence import EvidenceMemory, evidence
 from guardian.policy.lifecycle import LifecycleParams
 from guardian.policy.profiles import hardware_profile
 from guardian.policy.response import Action, Command, EngineState
-from guardian.policy.slo import lanes_served
+from guardian.policy.slo import Slo, lanes_served
 from guardian.sample import GpuReading, Sample
 from guardian.snapshot import gpu_memory_by_pid
 
@@ -241,6 +241,11 @@ class Pipeline:
         if limits.fast and out.state.batch != ts.batch:  # the cap follows; the drain holds requests until the restart ends
             actions.append(Action("tune", name, int(state.breaker.level), m.reason, details))
         return actions + [restart]
+
+    def slo(self, name: str) -> Slo | None:
+        """The SLO the tuner steers this engine by: configured, or derived from its unloaded P99; None without one."""
+        ts, params = self.tuners.get(name), self._tuner_params
+        return tuner.slo_in_force(ts, params)[0] if ts is not None and params is not None else None
 
     def command(self, cmd: Command, t: float, wall: float) -> Decision:
         """Raises KeyError for an engine guardian does not watch."""

@@ -274,7 +274,7 @@ def test_example_tuner_table_validates_once_uncommented() -> None:
     end = next(i for i in range(start, len(lines)) if not lines[i].startswith("#"))
     text = "\n".join(lines[:start] + [line.removeprefix("# ") for line in lines[start:end]] + lines[end:])
     tuner = cfg.loads(text).tuner
-    assert tuner is not None and tuner.hardware == {"L40S": 8} and tuner.params.slo.target_seconds == 0.2
+    assert tuner is not None and tuner.hardware == {"L40S": 8} and tuner.params.slo.target_seconds == 0.5
     assert tuner.params.slo.speculation_allowed(["low"]) and not tuner.params.slo.speculation_allowed(["high", "low"])
     assert not tuner.restarts_open(1_798_761_600.0)  # 2027-01-01 00:00 UTC: outside 02:00-05:00
 

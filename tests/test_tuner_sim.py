@@ -2,7 +2,7 @@
 
 An engine started at the low_latency preset (--max-num-seqs 4) under 7 req/s:
 the gateway's queue builds, the tuner raises the engine's own limit by one
-drained restart and then the gateway's cap step by step. Seconds instead of
+drained restart and the gateway's cap with it. Seconds instead of
 minutes (the demo's tuner settings), polls every 0.25 s.
 """
 
@@ -57,7 +57,7 @@ async def _play(tmp_path: Path, seconds: float, dry_run: bool = False) -> tuple[
     return daemon, launcher, recorded_decisions(tmp_path / "record.jsonl"), client_outcomes(cluster), metrics
 
 
-async def test_a_queue_behind_a_small_batch_raises_the_engine_limit_once_then_the_gateway_cap(
+async def test_a_queue_behind_a_small_batch_raises_the_engine_limit_once_and_the_gateway_cap_with_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     daemon, launcher, decisions, outcomes, metrics = await _play(tmp_path, 40)
@@ -68,13 +68,13 @@ async def test_a_queue_behind_a_small_batch_raises_the_engine_limit_once_then_th
     assert len(restarts) == 1 and restarts[0]["reason"] == "tune_max_num_seqs"
     assert launcher.started_with == [{"max-num-seqs": 24, "block-size": 16, "enable-chunked-prefill": False}]
     steps = [b for _, b, _ in tunes[1:]]
-    assert steps[:4] == [6, 9, 14, 21]  # then the fast loop, half again per step, up to the H100's cap of 24
+    assert steps[0] == 24  # the gateway's cap goes with the new limit, the H100's cap (no climb through fast steps)
     assert all(why in ("pinned_queue_held_by_batch", "queue_held_by_batch") for _, _, why in tunes[1:])
     assert daemon.gateway is not None and daemon.gateway.admission["sim0"].cap == steps[-1]
     assert f'guardian_tuner_target_batch{{engine="sim0"}} {steps[-1]:.1f}' in metrics
     assert 'guardian_tuner_max_num_seqs{engine="sim0"} 24.0' in metrics
     assert 'guardian_tuner_moves_total{engine="sim0",kind="max_num_seqs",reason="tune_max_num_seqs"} 1.0' in metrics
-    assert outcomes["200"] > 50 and sum(v for k, v in outcomes.items() if k not in ("200", "retried", "in_flight_at_end")) == 0, outcomes
+    assert outcomes["200"] > 20 and sum(v for k, v in outcomes.items() if k not in ("200", "retried", "in_flight_at_end")) == 0, outcomes
     header, records, problems = replay.read([tmp_path / "record.jsonl"])
     again = replay.replay(replay.config_from(header, None), header, records, problems)
     assert again.matches, again.first_difference()

@@ -66,6 +66,7 @@ class Timeline:
     restarts: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
     tuner_moves: dict[str, list[tuple[float, str, Any, Any, str]]] = field(default_factory=dict)
     marginals: dict[str, list[tuple[float, Marginal]]] = field(default_factory=dict)  # (wall, judgement)
+    slo: dict[str, float] = field(default_factory=dict)  # engine -> the tuner's SLO at the record's end (configured or derived)
 
 
 def build(config: cfg.Config, header: dict[str, Any] | None, records: list[dict[str, Any]], hours: float | None) -> Timeline:
@@ -110,6 +111,8 @@ def build(config: cfg.Config, header: dict[str, Any] | None, records: list[dict[
                 memory_gb_seconds_per_1k_tokens=cost.memory_gb_seconds_per_1k_tokens if cost else None,
                 tokens_per_joule=cost.tokens_per_joule if cost else None,
             ))  # fmt: skip
+            if (slo := pipeline.slo(name)) is not None:
+                tl.slo[name] = slo.target
             m = pipeline.marginal(name)
             if m is not None and m is not judged.get(name):
                 tl.marginals.setdefault(name, []).append((sample.wall_at(m.t), m))
@@ -150,7 +153,6 @@ def _when(wall: float) -> str:
 
 def render(tl: Timeline, config: cfg.Config, source: str) -> str:
     hours = (tl.walls[-1] - tl.walls[0]) / 3600
-    slo = config.tuner.slo.target_seconds if config.tuner else 0.2
     metric = config.tuner.slo.metric if config.tuner else "ttft"
     lines = [f"guardian report: {_when(tl.walls[0])} -> {_when(tl.walls[-1])} ({hours:.2f} h, {len(tl.walls)} polls) from {source}"]
     for index, readings in sorted(tl.gpus.items()):
@@ -179,9 +181,11 @@ def render(tl: Timeline, config: cfg.Config, source: str) -> str:
                      + (f" ({', '.join(f'{k} {v}' for k, v in why.items())})" if restarts else ""))  # fmt: skip
         p99s = sorted(r.p99 for r in rows if r.p99 is not None)
         if p99s:
-            over = sum(1 for p in p99s if p > slo)
-            lines.append(f"  P99 {metric}: median {_ms(p99s[len(p99s) // 2])}, worst {_ms(p99s[-1])}; over the "
-                         f"{_ms(slo)} SLO in {_pct(over, len(p99s))} of polls with requests")  # fmt: skip
+            text = f"  P99 {metric}: median {_ms(p99s[len(p99s) // 2])}, worst {_ms(p99s[-1])}"
+            if (slo := tl.slo.get(name)) is not None:
+                over = sum(1 for p in p99s if p > slo)
+                text += f"; over the {_ms(slo)} SLO in {_pct(over, len(p99s))} of polls with requests"
+            lines.append(text)
         tps = [r.tokens_per_second for r in rows if r.tokens_per_second is not None]
         mem = [r.memory_gb_seconds_per_1k_tokens for r in rows if r.memory_gb_seconds_per_1k_tokens is not None]
         tpj = [r.tokens_per_joule for r in rows if r.tokens_per_joule is not None]
@@ -268,14 +272,14 @@ def plot(tl: Timeline, config: cfg.Config, out: Path, inspect: Callable[[str, An
     ax.legend(fontsize=8)
     save(fig, "breaker.png")
 
-    slo = config.tuner.slo.target_seconds if config.tuner else 0.2
     fig, ax = plt.subplots(figsize=(11, 4))
     drawn = False
     for name, rows in tl.engines.items():
         p99 = [r.p99 * 1000 if r.p99 is not None else float("nan") for r in rows]
         drawn = drawn or any(v == v for v in p99)
         ax.plot(minutes, p99, lw=1, label=f"{name} P99")
-    ax.axhline(slo * 1000, color="black", ls="--", lw=1, label=f"SLO {slo * 1000:g} ms")
+    for slo in sorted(set(tl.slo.values())):
+        ax.axhline(slo * 1000, color="black", ls="--", lw=1, label=f"SLO {slo * 1000:g} ms")
     restarts(ax)
     metric = config.tuner.slo.metric if config.tuner else "ttft"
     ax.set(title=f"P99 {metric} vs the SLO (grey dashed: restarts)", xlabel=xlabel, ylabel="ms")

@@ -25,6 +25,10 @@ from guardian.sim.launcher import SimLauncher
 from guardian.sim.server import SimServer
 from guardian.sources.vllm import VllmScraper
 
+# The search judges every point against one objective fixed before it measures anything, so without --slo-ms or
+# [tuner.slo] target_seconds it needs a number of its own; the live tuner derives its objective from the engine instead.
+OFFLINE_SLO_SECONDS = 0.2
+
 
 def main(args: argparse.Namespace) -> int:
     if args.config is None and args.engine != "sim":
@@ -33,7 +37,8 @@ def main(args: argparse.Namespace) -> int:
     logs.configure("console", "warning")
     t = config.tune
     speculative = dict(config.tuner.speculative_config) if config.tuner and config.tuner.speculative_config else None
-    slo = args.slo_ms / 1000 if args.slo_ms else (config.tuner.slo.target_seconds if config.tuner else 0.2)
+    configured = config.tuner.slo.target_seconds if config.tuner else None
+    slo = args.slo_ms / 1000 if args.slo_ms else (configured or OFFLINE_SLO_SECONDS)
     section = next((e for e in config.engines if e.name == args.engine), None)
     if section is None and args.engine != "sim":
         print(f"guardian tune: no engine {args.engine!r} in {args.config}", file=sys.stderr)

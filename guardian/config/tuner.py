@@ -19,7 +19,8 @@ class SloSection(Section):
     """The latency objective the tuner steers by (vLLM's own histograms: gateway queueing is not in them)."""
 
     metric: Literal["ttft", "e2e", "itl"] = "ttft"  # e2e's buckets start at 0.3 s: a 200 ms e2e target cannot be seen
-    target_seconds: float = Field(0.2, gt=0, le=600)  # the P99 to stay under
+    target_seconds: float | None = Field(None, gt=0, le=600)  # the P99 to stay under; none: unloaded_factor x the engine's P99 with nothing waiting
+    unloaded_factor: float = Field(3.0, ge=1, le=100)  # a derived (or refused) target: this many times that unloaded P99
     band_ratio: float = Field(0.1, ge=0, lt=1)  # no move while P99 is within ±10% of the target
 
 
@@ -94,10 +95,10 @@ class TunerSection(Section):
 
     @property
     def params(self) -> TunerParams:
-        fields = {f.name for f in dataclasses.fields(TunerParams)} - {"slo"}
+        fields = {f.name for f in dataclasses.fields(TunerParams)} - {"slo", "unloaded_factor"}
         classes = {str(k): ServiceClass(c.priority, c.speculation, c.preemptible) for k, c in self.classes.items()}
         slo = Slo(self.slo.metric, self.slo.target_seconds, self.slo.band_ratio, classes)
-        return TunerParams(slo=slo, **{k: getattr(self, k) for k in fields})
+        return TunerParams(slo=slo, unloaded_factor=self.slo.unloaded_factor, **{k: getattr(self, k) for k in fields})
 
     def restarts_open(self, wall: float) -> bool:
         return open_for_restarts(wall, tuple(w.window for w in self.windows), tuple(w.window for w in self.blackouts),

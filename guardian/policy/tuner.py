@@ -16,6 +16,8 @@ latency window):
 | condition over the whole stabilisation window | move |
 | --- | --- |
 | breaker above L1, or a restart under way | none (and the window starts over) |
+| ``--max-num-seqs`` unknown, and vLLM runs the same N requests with others waiting and KV to spare (the short window) | the batch to N: that is the engine's limit (learnt, short cooldown) |
+| no SLO yet: none configured and the engine's unloaded P99 not learnt | only the preemption rule |
 | inside the cooldown after any move | none |
 | the first full window after a smaller batch shows P99 (or the preemptions it was for) not lower by ``improve_ratio`` | the batch back up; no smaller batch for ``blocked_seconds``, doubled per undo in a row |
 | preemptions above ``preemption_rate_limit`` throughout | batch down one step; the old batch is a ceiling for ``blocked_seconds`` (undone, like any smaller batch, when the preemptions did not drop) |
@@ -25,6 +27,18 @@ latency window):
 | requests held back by the batch (in the gateway's queue; without a gateway, in vLLM's with KV to spare) and P99 not above the band | batch up one step, up to the hardware cap |
 | P99 below the band, the GPU idle (< 60%) and a queue | batch up one step, up to the hardware cap |
 | P99 well inside (≤ ``headroom_ratio`` × target) for ``speculation_after_seconds`` with a batch ≤ ``speculation_max_batch`` | speculation on (slow), where allowed |
+
+The SLO is the configured one, or ``unloaded_factor`` times the engine's
+P99 over a full window with nothing waiting inside vLLM (the lowest such
+window seen), and the same derived one when the configured target is below
+that P99: no batch can meet it, and steering by it would hold "overloaded"
+for ever (``policy/slo.py``'s ``objective``; the refusal is the hold).
+
+An engine started by someone else with an unknown ``--max-num-seqs`` would
+otherwise be assumed to take the hardware cap: when it is smaller, vLLM's
+own queue fills while the gateway sees nothing to hold back, and the tuner
+never learns the engine is pinned. vLLM running the same number of requests
+poll after poll while others wait in it, with KV to spare, is that limit.
 
 "Over the whole window" is the HPA's stabilisation: every poll recommends,
 and the batch goes down only when each recommendation in the window says
@@ -56,7 +70,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Mapping
 
 from guardian.analysis.engine_stats import EngineSignals
-from guardian.policy.slo import Slo
+from guardian.policy.slo import Slo, objective
 
 DAY_SECONDS = 86400.0
 MoveKind = Literal["batch", "max_num_seqs", "speculation"]
@@ -84,6 +98,7 @@ class TunerParams:
     improve_ratio: float = 0.1  # a smaller batch must lower P99 by this share (worst after vs best before), or it is undone
     blocked_seconds: float = 900.0  # after an undone move the batch is not lowered for this long, doubled per undo in a row
     preemption_rate_limit: float = 0.05  # preemptions/s (3 a minute) throughout the window: the batch is too large
+    unloaded_factor: float = 3.0  # a derived SLO: this many times the engine's P99 with nothing waiting in it
 
 
 @dataclass(frozen=True)
@@ -104,6 +119,7 @@ class Reading:
     utilization: float | None  # the engine's GPU, 0..1
     gateway_queued: float  # requests the gateway holds for this engine
     waiting: float = 0.0  # requests vLLM holds (vllm:num_requests_waiting)
+    running: float | None = None  # requests vLLM runs (vllm:num_requests_running)
     kv_usage: float | None = None
     preemptions_per_second: float | None = None  # vLLM recomputing sequences: the batch overflows the KV cache
     breaker_level: int = 0
@@ -121,6 +137,7 @@ def reading_from(sig: EngineSignals, slo: Slo, utilization: float | None, gatewa
         utilization=utilization,
         gateway_queued=gateway_queued,
         waiting=sig.waiting or 0.0,
+        running=sig.running,
         kv_usage=sig.kv_cache_usage,
         preemptions_per_second=sig.preemptions_per_second,
         **context,
@@ -144,6 +161,7 @@ class TunerState:
     blocked_preemption_until: float | None = None  # after an undone smaller batch for preemptions: another cause
     undone: int = 0  # smaller batches undone in a row: P99 here does not answer to the batch (long prompts' prefill)
     ceiling: tuple[int, float] | None = None  # (batch, until): it overflowed the KV cache; stay below it until then
+    unloaded: float | None = None  # the lowest P99 over a full window with nothing waiting in vLLM: what a derived SLO is made of
 
     def engine_args(self, limits: Limits) -> dict[str, Any]:
         """The layer a restart applies over the engine's base arguments (``None`` removes a flag)."""
@@ -191,25 +209,86 @@ def step(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits) ->
         return Step(replace(s, recent=(), pinned_since=None, well_inside_since=None, trial=None), hold=why)
     keep = max(p.window_seconds, p.up_window_seconds)
     recent = tuple((at, x) for at, x in s.recent if t - at < keep) + ((t, r),)
-    s = replace(s, recent=recent)
+    s = replace(s, recent=recent, unloaded=_unloaded(s.unloaded, recent, t, p))
+    slo, refused = slo_in_force(s, p)
+    if refused and not _cannot_lower(s, t, p, limits):
+        slo, refused = p.slo, None  # a smaller batch may still reach it: try that first
+    out = _rules(s, r, t, p, limits, slo)
+    if refused and out.move is None and out.hold is None:
+        return replace(out, hold=refused)
+    return out
+
+
+def _held_back(xs: list[Reading], p: TunerParams, limits: Limits) -> bool:
+    """Requests kept from the engine by the batch: the gateway's queue, or without one vLLM's with KV to spare."""
+    if limits.fast:
+        return all(x.gateway_queued > 0 for x in xs)
+    return all(x.waiting > 0 and x.kv_usage is not None and x.kv_usage < p.kv_spare_below for x in xs)
+
+
+def _cannot_lower(s: TunerState, t: float, p: TunerParams, limits: Limits) -> bool:
+    """No smaller batch can bring P99 down: at the floor, tried and undone, or the load needs this batch (a queue)."""
+    window = [x for at, x in s.recent if t - at < p.window_seconds]
+    blocked = s.blocked_down_until is not None and t < s.blocked_down_until
+    return s.batch <= p.min_batch or blocked or (len(window) >= p.min_samples and _held_back(window, p, limits))
+
+
+def slo_in_force(s: TunerState, p: TunerParams) -> tuple[Slo | None, str | None]:
+    """The SLO this engine is steered by (None: derived and not learnt yet), and why the configured one was refused."""
+    return objective(p.slo, s.unloaded, p.unloaded_factor)
+
+
+def _unloaded(known: float | None, recent: tuple[tuple[float, Reading], ...], t: float, p: TunerParams) -> float | None:
+    """The lowest P99 over a full window in which nothing waited inside vLLM (the gateway's queue is not in its P99)."""
+    window = [(at, x) for at, x in recent if t - at < p.window_seconds]
+    if len(window) < p.min_samples or t - window[0][0] < 0.9 * p.window_seconds:
+        return known
+    if any(x.latency is None or x.waiting > 0 for _, x in window):
+        return known
+    worst = max(x.latency for _, x in window if x.latency is not None)
+    return worst if known is None else min(known, worst)
+
+
+def _engine_limit(up: list[Reading], batch: int, p: TunerParams) -> int | None:
+    """The ``--max-num-seqs`` an engine runs with, when its running count shows it: the same N, others waiting, KV to spare."""
+    if len(up) < p.up_min_samples:
+        return None
+    running = {x.running for x in up}
+    if len(running) != 1 or None in running:
+        return None
+    n = round(up[0].running or 0)
+    calm = all(x.waiting > 0 and x.kv_usage is not None and x.kv_usage < p.kv_spare_below
+               and (x.preemptions_per_second or 0.0) <= p.preemption_rate_limit for x in up)  # fmt: skip
+    return max(p.min_batch, n) if calm and 0 < n < batch else None
+
+
+def _rules(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits, slo: Slo | None) -> Step:
+    recent = s.recent
     down = [x for at, x in recent if t - at < p.window_seconds and x.latency is not None]
     up = [x for at, x in recent if t - at < p.up_window_seconds and x.latency is not None]
     since_move = math.inf if s.last_move is None else t - s.last_move
-    if since_move < (p.up_cooldown_seconds if s.last_move_up else p.cooldown_seconds):
-        return Step(s, hold="cooldown")
-    slo = p.slo
     latest = [x.latency for x in (down or up) if x.latency is not None]
     numbers = {"p99_min_seconds": round(min(latest), 4) if latest else None,
-               "p99_max_seconds": round(max(latest), 4) if latest else None, "slo_seconds": slo.target_seconds,
-               "utilization": r.utilization, "gateway_queued": r.gateway_queued, "waiting": r.waiting, "batch": s.batch}  # fmt: skip
+               "p99_max_seconds": round(max(latest), 4) if latest else None,
+               "slo_seconds": slo.target_seconds if slo else None, "utilization": r.utilization,
+               "gateway_queued": r.gateway_queued, "waiting": r.waiting, "running": r.running, "batch": s.batch}  # fmt: skip
     can_restart = r.window_open and r.restart_budget_ok and len(s.restarts) < p.restarts_per_day
 
-    def moved(kind: MoveKind, old: Any, new: Any, reason: str, restart: bool, **changes: Any) -> Step:
-        grew = kind == "batch" and new > old
+    def moved(kind: MoveKind, old: Any, new: Any, reason: str, restart: bool, quick: bool = False, **changes: Any) -> Step:
+        grew = quick or (kind == "batch" and new > old)  # the short cooldown follows
         out = replace(s, last_move=t, last_move_up=grew, pinned_since=None, well_inside_since=None, recent=(), **changes)
         if restart:
             out = replace(out, restarts=out.restarts + (t,))
         return Step(out, Move(kind, old, new, reason, restart, numbers))
+
+    if s.max_num_seqs is None:  # started by someone else: its limit shows in what it runs
+        found = _engine_limit([x for at, x in recent if t - at < p.up_window_seconds], s.batch, p)
+        if found is not None and limits.fast:
+            return moved("batch", s.batch, found, "engine_limit_found", False, quick=True, batch=found, max_num_seqs=found)
+        if found is not None:
+            s = replace(s, batch=found, max_num_seqs=found)
+    if since_move < (p.up_cooldown_seconds if s.last_move_up else p.cooldown_seconds):
+        return Step(s, hold="cooldown")
 
     def slow_hold(what: str) -> str:
         if not r.window_open:
@@ -219,9 +298,7 @@ def step(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits) ->
         return f"{what} waits: the breaker's restart budget is kept for emergencies"
 
     def held_back(xs: list[Reading]) -> bool:
-        if limits.fast:
-            return all(x.gateway_queued > 0 for x in xs)
-        return all(x.waiting > 0 and x.kv_usage is not None and x.kv_usage < p.kv_spare_below for x in xs)
+        return _held_back(xs, p, limits)
 
     # -- a smaller batch: the long window must agree ------------------------------------------
     if len(down) >= p.min_samples and since_move >= p.cooldown_seconds:
@@ -245,9 +322,9 @@ def step(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits) ->
             numbers["preemptions_per_second"] = r.preemptions_per_second
             return moved("batch", s.batch, lower, "preemptions", False, batch=lower, ceiling=(s.batch, t + p.blocked_seconds),
                          trial=("preemptions", min(preempting), s.batch))  # fmt: skip
-        if best > slo.above and held_back(down):
+        if slo is not None and best > slo.above and held_back(down):
             return Step(s, hold="overloaded: P99 over the objective with requests queued (more replicas needed)")
-        if best > slo.above:  # every poll of the window over the objective, nothing queued: the engine is slow
+        if slo is not None and best > slo.above:  # every poll of the window over the objective, nothing queued: the engine is slow
             if s.speculation:
                 if can_restart:
                     return moved("speculation", True, False, "p99_over_slo", True, speculation=False)
@@ -267,6 +344,9 @@ def step(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits) ->
     # -- a larger batch: the short window must agree ------------------------------------------
     if len(up) < p.up_min_samples or s.trial is not None:
         return Step(s)
+    if slo is None:
+        learning = "learning the engine's P99 with nothing waiting in it (no SLO is configured: it is derived from that)"
+        return Step(s, hold=learning if held_back(up) else None)
     worst = max(x.latency for x in up if x.latency is not None)
     idle = worst < slo.below and all(
         x.utilization is not None and x.utilization < p.raise_below_utilization and x.gateway_queued + x.waiting > 0
@@ -289,15 +369,18 @@ def step(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits) ->
             return Step(replace(s, pinned_since=pinned), hold="pinned at --max-num-seqs")
         if not can_restart:
             return Step(replace(s, pinned_since=pinned), hold=slow_hold("a larger --max-num-seqs"))
-        # raised once to the hardware cap: the fast loop then finds the batch below it without more restarts
+        if any(x.kv_usage is not None and x.kv_usage >= p.kv_spare_below for x in up):
+            return Step(replace(s, pinned_since=pinned), hold="pinned at --max-num-seqs, but the KV cache is full: more sequences would not fit")
+        # raised once to the hardware cap, and the batch with it (the queue held by the batch is what this is for): the
+        # fast loop then finds the batch below it without more restarts
         target = limits.hardware_cap if limits.fast else higher
-        return moved("max_num_seqs", s.max_num_seqs, target, f"pinned_{why}", True, batch=higher, max_num_seqs=target)
+        return moved("max_num_seqs", s.max_num_seqs, target, f"pinned_{why}", True, batch=target, max_num_seqs=target)
 
     # -- speculation back on: well inside for a long time, with a small batch ----------------
     s = replace(s, pinned_since=None)
     if s.speculation or not limits.speculation_allowed or limits.speculative_config is None or r.degraded:
         return Step(replace(s, well_inside_since=None))
-    if not (worst <= slo.target_seconds * p.headroom_ratio and s.batch <= p.speculation_max_batch):
+    if not (worst <= slo.target * p.headroom_ratio and s.batch <= p.speculation_max_batch):
         return Step(replace(s, well_inside_since=None))
     since = s.well_inside_since if s.well_inside_since is not None else min(at for at, _ in recent)
     s = replace(s, well_inside_since=since)

@@ -160,7 +160,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             name="tuner-queue",
             description="5 req/s against an engine started at the low_latency preset (--max-num-seqs 4): the gateway's "
-            "queue builds, the tuner restarts the engine at the GPU's batch cap and then raises the batch step by step",
+            "queue builds, the tuner restarts the engine at the GPU's batch cap, and the gateway's cap follows",
             rate=lambda t: 5.0,
             prompt=Lengths(800, 0.6, 16, 4000),
             output=Lengths(120, 0.6, 8, 512),
