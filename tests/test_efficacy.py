@@ -23,8 +23,8 @@ def efficacy() -> ModuleType:
 
 
 def test_a_leak_that_kills_vllm_unguarded_is_restarted_in_time_at_the_same_utilisation_losing_no_request(efficacy: ModuleType) -> None:
-    unguarded = efficacy.run_one(("leak-to-oom", "unguarded", False, 1, 22.0))
-    guarded = efficacy.run_one(("leak-to-oom", "guarded", False, 1, 22.0))
+    unguarded = efficacy.run_one(("leak-to-oom", "unguarded", False, 1, 22.0, False))
+    guarded = efficacy.run_one(("leak-to-oom", "guarded", False, 1, 22.0, False))
     assert unguarded.exits["oom"] == 1 and unguarded.outcomes["failed"] > 100  # the harm is real
     assert guarded.exits["oom"] == 0 and guarded.cut_by_restart == 0
     assert dict(guarded.restarts) == {"free_reserve": 1} and guarded.pages == 0 and guarded.warnings >= 1
@@ -33,9 +33,17 @@ def test_a_leak_that_kills_vllm_unguarded_is_restarted_in_time_at_the_same_utili
 
 
 def test_another_process_growing_on_the_gpu_pages_naming_it_and_vllm_is_not_restarted_in_a_loop(efficacy: ModuleType) -> None:
-    unguarded = efficacy.run_one(("foreign-leak", "unguarded", False, 1, 20.0))
-    guarded = efficacy.run_one(("foreign-leak", "guarded", False, 1, 20.0))
+    unguarded = efficacy.run_one(("foreign-leak", "unguarded", False, 1, 20.0, False))
+    guarded = efficacy.run_one(("foreign-leak", "guarded", False, 1, 20.0, False))
     assert unguarded.exits["refused_to_start"] > 5  # systemd's crash loop: vLLM cannot start beside the other process
     assert guarded.exits["oom"] == 0 and guarded.exits["refused_to_start"] == 0 and sum(guarded.restarts.values()) == 1
     (page,) = guarded.page_texts
     assert "other processes hold 4.0% of the GPU (pid 4242" in page and "--gpu-memory-utilization 0.87" in page
+
+
+def test_an_engine_started_too_small_is_restarted_once_by_the_tuner_and_then_serves_within_the_slo(efficacy: ModuleType) -> None:
+    untuned = efficacy.run_one(("too-small", "guarded", False, 1, 12.0, False))
+    tuned = efficacy.run_one(("too-small", "guarded", False, 1, 12.0, True))  # [tuner] present, every key at its default
+    assert untuned.late_good / untuned.late_sent < 0.1  # --max-num-seqs 4 cannot serve 5 req/s: the harm is real
+    assert dict(tuned.restarts) == {"tune_max_num_seqs": 1} and tuned.cut_by_restart == 0
+    assert tuned.late_good / tuned.late_sent >= 0.9  # what is sent after the first ten minutes gets its first token in time

@@ -344,9 +344,15 @@ def _rules(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits, 
     # -- a larger batch: the short window must agree ------------------------------------------
     if len(up) < p.up_min_samples or s.trial is not None:
         return Step(s)
+    engine_limit = s.max_num_seqs if s.max_num_seqs is not None else limits.hardware_cap
     if slo is None:
+        if not held_back(up):
+            return Step(replace(s, pinned_since=None))
+        # held at the engine's own limit is a fact without an SLO: its clock runs while the SLO is learnt
+        at_limit = not limits.fast or s.batch >= engine_limit
+        pinned = (s.pinned_since if s.pinned_since is not None else t) if at_limit else None
         learning = "learning the engine's P99 with nothing waiting in it (no SLO is configured: it is derived from that)"
-        return Step(s, hold=learning if held_back(up) else None)
+        return Step(replace(s, pinned_since=pinned), hold=learning)
     worst = max(x.latency for x in up if x.latency is not None)
     idle = worst < slo.below and all(
         x.utilization is not None and x.utilization < p.raise_below_utilization and x.gateway_queued + x.waiting > 0
@@ -360,7 +366,6 @@ def _rules(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits, 
     if (queue or idle) and not overflowing and s.batch < cap:
         why = "queue_held_by_batch" if queue else "gpu_idle_with_queue"
         higher = min(cap, s.batch + step_size(s.batch, p.up_step_ratio))
-        engine_limit = s.max_num_seqs if s.max_num_seqs is not None else limits.hardware_cap
         if limits.fast and s.batch < engine_limit:
             return moved("batch", s.batch, min(higher, engine_limit), why, False, batch=min(higher, engine_limit))
         # pinned at what vLLM was started with: only a restart raises it
