@@ -105,6 +105,33 @@ def test_a_step_under_a_tooth_taller_than_it_is_found(period: int) -> None:
     assert step_at <= step.t <= step_at + period  # on the tooth it happened in, never before it
 
 
+def test_a_staircase_about_once_per_period_on_a_tall_slow_triangle_is_found_step_by_step() -> None:
+    # the memory never comes back to an earlier trough: the period is read from the troughs, wherever they are
+    period, rng = 871, random.Random(5)
+    steps = [1000.0]
+    while len(steps) < 8:
+        steps.append(steps[-1] + rng.uniform(900, 1800))
+    tooth = [2 * x if x < 0.5 else 2 - 2 * x for x in ((t % period) / period for t in range(6 * 3600))]
+    values = [60 * GiB + 2.8 * GiB * tooth[t] + 0.8 * GiB * sum(t >= at for at in steps) + rng.gauss(0, 0.01 * GiB)
+              for t in range(6 * 3600)]  # fmt: skip
+    _, reports = _run(values, budget=80 * GiB)
+    found = [s for s in reports[-1].steps if s.ended_by is None]
+    known = 3 * period  # two excursions alike, from three troughs: the period is known from then on
+    assert all(any(at - 2 <= s.t <= at + period for s in found) for at in steps if at > known)
+    assert all(s.size == pytest.approx(0.8 * GiB, rel=0.25) for s in found)
+    assert any(r.leak for r in reports)
+
+
+def test_a_step_near_the_end_of_a_log_counts_in_hindsight_when_its_jump_is_in_the_readings() -> None:
+    # a 20-minute sawtooth: its floor is taken over half an hour, and the log ends 15 minutes after the step
+    period, step_at = 1200, 5 * 3600 + 77
+    values = [50 * GiB + (t % period) / period * 3 * GiB + (GiB if t >= step_at else 0) for t in range(step_at + 900)]
+    det, reports = _run(values, budget=100 * GiB)
+    assert reports[-1].steps == ()  # live, it is still in its hold
+    (step,) = det.finish(len(values) - 1).steps
+    assert step_at <= step.t <= step_at + 1 and step.size == pytest.approx(GiB, rel=0.1)
+
+
 def test_a_long_model_load_with_a_compile_pause_is_not_a_step() -> None:
     # weights over 200 s, 5 minutes of compiling with flat memory, then the KV pool and CUDA graphs
     load = [0.5 * GiB + i * 10 * GiB / 200 for i in range(200)] + [10.5 * GiB] * 300

@@ -20,7 +20,9 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    envelope: the minimum (of a median of three readings) over a window
    ``W``, 1.5× the longest time the memory recently stayed off its floor
    (the background's period: a sawtooth's tooth, a spike), at least
-   ``envelope_seconds``. A rising flank is then not a staircase, and a step
+   ``envelope_seconds``: from returns to the hour's floor, and from two
+   excursions alike between troughs (``period.py``), since a staircase
+   with a step about once per period never returns to an old floor. A rising flank is then not a staircase, and a step
    under a tall tooth still lifts the floor.
 3. **A step** is the envelope above the floor by ``k`` for ``hold_seconds``
    (or ``W / 2`` if longer), reached *abruptly*: a floor that took more than
@@ -47,6 +49,7 @@ a step; the floor of a background is what a leak moves. ``bench/detector.py``
 measures it on seeded realistic logs.
 
 Pure: ``update(t, value)`` with time as an argument; no clock, no I/O.
+``finish(t)`` is hindsight at a log's end (``guardian analyze``).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from guardian.analysis.envelope import Envelope
 from guardian.analysis.leak_rule import LeakParams, LeakReport, Step, judge
 from guardian.analysis.model_load import Load
 from guardian.analysis.noise import Noise
+from guardian.analysis.period import Excursions
 from guardian.analysis.step_shape import change_point, held_rises, jumps, rose_within, step_size
 
 
@@ -97,6 +101,8 @@ class LeakDetector:
         self._creep_since: float | None = None  # the floor has risen by leak_rise_ratio without steps since
         self._touch_floor = math.inf  # the hour's floor at the last touch
         self._gaps: deque[tuple[float, float]] = deque()  # (when closed, length): time off the floor, longest first
+        self._excursions = Excursions()  # time off the floor from troughs, however high the floor has risen
+        self._last_excursion: float | None = None
         self._quiet_since = -math.inf  # when the level was last set: a load, a step, memory given back
         self._candidate: _Candidate | None = None
         self._jump: tuple[float, float] | None = None  # a jump the size of a load: (when, the reading before)
@@ -120,6 +126,16 @@ class LeakDetector:
         """The engine turned healthy: its load is over, whatever the memory says."""
         if self._loading is not None and self._raw:
             self._end_load(t)
+
+    def finish(self, t: float) -> LeakReport:
+        """The log ends here (hindsight only): steps still in their hold count where the readings show their jumps.
+
+        A log cut within a window and a hold of a step (on a slow sawtooth, most of an hour) would
+        otherwise leave it out, though the readings show it.
+        """
+        before = len(self._steps)
+        self._flush(t)
+        return self._report(t, tuple(self._steps[before:]), warming_up=self._loading is not None)
 
     # -- the stream -------------------------------------------------------------------------
 
@@ -178,6 +194,8 @@ class LeakDetector:
         self._candidate, self._below_since, self._jump, self._pending = None, None, None, []
         self._trace.clear()
         self._prev2 = (None, None)
+        self._excursions.reset()
+        self._last_excursion = None
 
     def _flush(self, t: float) -> None:
         """The series ends here (a restart, a gap): steps still in their hold count if the readings
@@ -228,6 +246,11 @@ class LeakDetector:
         longest = gaps[0][1] if gaps else 0.0
         return min(p.max_envelope_seconds, max(p.envelope_seconds, 1.5 * longest, 4 * self._dt))
 
+    def _off_floor(self, t: float, gap: float) -> None:
+        while self._gaps and self._gaps[-1][1] <= gap:
+            self._gaps.pop()
+        self._gaps.append((t, gap))
+
     def _track(self, t: float, value: float) -> LeakReport:
         p = self.p
         assert self._level is not None
@@ -240,11 +263,14 @@ class LeakDetector:
             # the memory came back down to its floor: that long off it is the background's period
             # (not when the floor came up to the memory: a creep, or a step an hour old)
             if hour_floor <= self._touch_floor + near and t - self._touch > 2 * self._dt:
-                gap = t - self._touch
-                while self._gaps and self._gaps[-1][1] <= gap:
-                    self._gaps.pop()
-                self._gaps.append((t, gap))
+                self._off_floor(t, t - self._touch)
             self._touch, self._touch_floor = t, hour_floor
+        excursion = self._excursions.update(t, value, 2 * k)
+        if excursion is not None:
+            # a period repeats: two excursions in a row alike (spikes and noise come in any lengths)
+            last, self._last_excursion = self._last_excursion, excursion
+            if last is not None and min(last, excursion) > 2 * self._dt and max(last, excursion) <= 1.5 * min(last, excursion):
+                self._off_floor(t, min(last, excursion))
         window = self._window(t)
         floor = self._env.min_since(max(t - window, self._loaded_at))  # the load's readings are no floor
         if t - self._floor_t >= window and self._candidate is None:

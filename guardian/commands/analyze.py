@@ -236,6 +236,7 @@ def analyze(series: list[Series], params: LeakParams) -> list[Verdict]:
             elif not report.leak and alarms and alarms[-1][1] is None:
                 alarms[-1] = (alarms[-1][0], t)
         assert report is not None
+        report = det.finish(s.times[-1])
         verdicts.append(Verdict(s, report, len(s.times), episodes(report.steps, params), alarms))
     return verdicts
 
