@@ -24,6 +24,7 @@ class PolicyView:
     tuners: dict[str, TunerState] = field(default_factory=dict)
     tuner_limits: dict[str, Limits] = field(default_factory=dict)
     tuner_holds: dict[str, str | None] = field(default_factory=dict)
+    tuner_slo: dict[str, float | None] = field(default_factory=dict)  # the objective in force (None: still learnt)
     phases: dict[str, str | None] = field(default_factory=dict)  # lifecycle: starting, up, unresponsive, dead
 
 

@@ -101,6 +101,7 @@ def status(snap: Snapshot | None, started_wall: float, interval: float) -> dict[
                 "speculation": s.speculation,
                 "last_move": None if s.last_move is None else _iso(snap.sample.wall_at(s.last_move)),
                 "tuning_restarts_today": len(s.restarts),
+                "slo_seconds": snap.policy.tuner_slo.get(name),  # configured, or derived from the engine; null: still learnt
                 "holding": snap.policy.tuner_holds.get(name),
             }
             for name, s in snap.policy.tuners.items()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from guardian import cli
+from guardian import cli, status_json
 from guardian.commands import replay
 from guardian import config as cfg
 from guardian.daemon import Daemon
@@ -85,6 +85,8 @@ async def test_a_queue_behind_a_small_batch_raises_the_engine_limit_once_and_the
     assert "GB·s per 1000 tokens" in out and "tokens per joule" in out
     for png in ("memory.png", "breaker.png", "p99.png", "tuning.png"):
         assert (tmp_path / "plots" / png).stat().st_size > 10_000
+    doc = status_json.status(daemon.snapshot, 0.0, 0.25)["tuner"]["sim0"]
+    assert doc["slo_seconds"] == 0.5 and doc["max_num_seqs"] == 24  # the demo's configured objective, in force
     state = json.loads((tmp_path / "state" / "state.json").read_text())["data"]
     assert state["tuner"]["sim0"]["batch"] == steps[-1] and state["engines"]["sim0"]["tuned"]["max-num-seqs"] == 24
 

@@ -24,6 +24,7 @@ def policy_view(pipeline: Pipeline, dry_run: bool, restarting: list[str]) -> Pol
         tuners=dict(pipeline.tuners),
         tuner_limits=dict(pipeline.tuner_limits),
         tuner_holds=dict(pipeline.tuner_holds),
+        tuner_slo={name: slo.target if (slo := pipeline.slo(name)) else None for name in pipeline.tuners},
         phases={name: pipeline.phase(name) for name in pipeline.states},
     )
 
