@@ -244,8 +244,8 @@ class Pipeline:
 
     def slo(self, name: str) -> Slo | None:
         """The SLO the tuner steers this engine by: configured, or derived from its unloaded P99; None without one."""
-        ts, params = self.tuners.get(name), self._tuner_params
-        return tuner.slo_in_force(ts, params)[0] if ts is not None and params is not None else None
+        ts, params, limits = self.tuners.get(name), self._tuner_params, self.tuner_limits.get(name)
+        return tuner.slo_in_force(ts, params, limits)[0] if ts is not None and params is not None and limits is not None else None
 
     def command(self, cmd: Command, t: float, wall: float) -> Decision:
         """Raises KeyError for an engine guardian does not watch."""

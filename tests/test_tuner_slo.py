@@ -40,7 +40,7 @@ def test_without_a_target_the_slo_is_three_times_the_p99_of_a_window_with_nothin
     assert any("learning the engine's P99" in h for h in holds)
     s, moves, _ = run(s, polls(6, 0.12, queued=3), DERIVED, start=50.0)
     assert s.unloaded == 0.12
-    assert tuner.slo_in_force(s, DERIVED)[0] == Slo(target_seconds=0.36)
+    assert tuner.slo_in_force(s, DERIVED, FAST)[0] == Slo(target_seconds=0.36)
     assert [(m.reason, m.new) for _, m in moves] == [("queue_held_by_batch", 12)]  # a queue with P99 inside 360 ms
 
 
@@ -54,7 +54,7 @@ def test_windows_with_requests_waiting_inside_vllm_teach_nothing() -> None:
 def test_a_configured_target_below_the_unloaded_p99_is_refused_with_the_reason_when_the_queue_needs_the_batch() -> None:
     # 0.4 s with nothing waiting in vLLM and a queue at the gateway: the old rules held "overloaded" for ever
     s, moves, holds = run(TunerState(batch=16, max_num_seqs=24, speculation=False), polls(60, 0.4, queued=5), CONFIGURED)
-    slo, why = tuner.slo_in_force(s, CONFIGURED)
+    slo, why = tuner.slo_in_force(s, CONFIGURED, FAST)
     assert slo == Slo(target_seconds=1.2) and why is not None
     assert "200 ms is below this engine's P99 ttft with nothing waiting (400 ms)" in why
     assert "target_seconds above 0.4" in why
@@ -63,9 +63,10 @@ def test_a_configured_target_below_the_unloaded_p99_is_refused_with_the_reason_w
 
 
 def test_a_configured_target_a_smaller_batch_may_reach_is_kept_and_the_batch_lowered() -> None:
-    _, moves, holds = run(TunerState(batch=16, max_num_seqs=24, speculation=False), polls(20, 0.4), CONFIGURED)
+    s, moves, holds = run(TunerState(batch=16, max_num_seqs=24, speculation=False), polls(20, 0.4), CONFIGURED)
     assert [(m.reason, m.new, m.numbers["slo_seconds"]) for _, m in moves] == [("p99_over_slo", 12, 0.2)]
     assert not any(h.startswith("SLO refused") for h in holds)
+    assert tuner.slo_in_force(s, CONFIGURED, FAST) == (CONFIGURED.slo, None)  # what /status shows is what it steers by
 
 
 def test_an_unknown_max_num_seqs_is_learnt_from_vllm_running_the_same_n_with_others_waiting() -> None:

@@ -210,9 +210,7 @@ def step(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits) ->
     keep = max(p.window_seconds, p.up_window_seconds)
     recent = tuple((at, x) for at, x in s.recent if t - at < keep) + ((t, r),)
     s = replace(s, recent=recent, unloaded=_unloaded(s.unloaded, recent, t, p))
-    slo, refused = slo_in_force(s, p)
-    if refused and not _cannot_lower(s, t, p, limits):
-        slo, refused = p.slo, None  # a smaller batch may still reach it: try that first
+    slo, refused = slo_in_force(s, p, limits)
     out = _rules(s, r, t, p, limits, slo)
     if refused and out.move is None and out.hold is None:
         return replace(out, hold=refused)
@@ -233,9 +231,15 @@ def _cannot_lower(s: TunerState, t: float, p: TunerParams, limits: Limits) -> bo
     return s.batch <= p.min_batch or blocked or (len(window) >= p.min_samples and _held_back(window, p, limits))
 
 
-def slo_in_force(s: TunerState, p: TunerParams) -> tuple[Slo | None, str | None]:
-    """The SLO this engine is steered by (None: derived and not learnt yet), and why the configured one was refused."""
-    return objective(p.slo, s.unloaded, p.unloaded_factor)
+def slo_in_force(s: TunerState, p: TunerParams, limits: Limits) -> tuple[Slo | None, str | None]:
+    """The SLO this engine is steered by (None: derived and not learnt yet), and why the configured one was refused.
+
+    A configured target below the engine's unloaded P99 is kept while a smaller batch may still reach it.
+    """
+    slo, refused = objective(p.slo, s.unloaded, p.unloaded_factor)
+    if refused and s.recent and not _cannot_lower(s, s.recent[-1][0], p, limits):
+        return p.slo, None
+    return slo, refused
 
 
 def _unloaded(known: float | None, recent: tuple[tuple[float, Reading], ...], t: float, p: TunerParams) -> float | None:
