@@ -224,3 +224,15 @@ def test_steps_cut_short_by_an_out_of_memory_still_count() -> None:
     steps = reports[-1].steps
     assert len(steps) == 3 and all(s.ended_by == "restart" for s in steps)
     assert steps[-1].t == pytest.approx(2400, abs=2)
+
+
+def test_a_spike_still_up_when_the_engine_dies_is_no_step_where_spikes_like_it_were_given_back() -> None:
+    # 2 GiB spikes of 5 minutes every 25 minutes, then one up for 4 minutes when the memory drops to nothing
+    spikes = [(1200, 50 * GiB), (300, 52 * GiB)] * 4
+    values = _noisy([(600, 50 * GiB)] + spikes + [(1200, 50 * GiB), (240, 52 * GiB), (5, 0.0)])
+    _, reports = _run(values, budget=100 * GiB)
+    assert [s for s in reports[-1].steps if s.ended_by != "transient"] == []
+    # the same jump, held as long as a step must before the end: a step the OOM cut short
+    values = _noisy([(600, 50 * GiB)] + spikes + [(1200, 50 * GiB), (900, 52 * GiB), (5, 0.0)])
+    _, reports = _run(values, budget=100 * GiB)
+    assert [(round(s.size / GiB), s.ended_by) for s in reports[-1].steps if s.ended_by != "transient"] == [(2, "restart")]

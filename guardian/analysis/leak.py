@@ -208,7 +208,12 @@ class LeakDetector:
         tau = self._noise.jump_threshold(self._k())
         raw = [(s, v) for s, v in self._raw if s >= self._quiet_since]
         aged = max(self.p.hold_seconds / 2, 2 * self._dt)  # a spike that is still up is no step
-        rises = [(b[0], b[1] - a[1]) for a, b in zip(raw, raw[1:]) if b[1] - a[1] > tau and t - b[0] >= aged]
+        # where jumps like it were given back lately (spikes), one still up when the series ends must have
+        # held as long as a step must
+        spiky = t - self._jump_back_t < self.p.max_envelope_seconds
+        long_aged = max(self.p.hold_seconds, self._window(t))
+        rises = [(b[0], rise) for a, b in zip(raw, raw[1:]) if (rise := b[1] - a[1]) > tau
+                 and t - b[0] >= (long_aged if spiky and self._jump_back >= 0.5 * rise else aged)]  # fmt: skip
         floor = self._level
         for when, rise in held_rises(rises, raw, self._level):
             self._add(Step(t=when, size=rise, found_at=t, before=floor))

@@ -37,9 +37,10 @@ LATENCY_HISTOGRAMS: dict[str, str] = {
     "itl": "vllm:inter_token_latency_seconds",
     "queue": "vllm:request_queue_time_seconds",
 }
-# the histograms a CoreReading carries: the latencies and the request lengths (the
-# page has ~20; assembling the rest every poll would cost more than the parse)
-HISTOGRAMS = (*LATENCY_HISTOGRAMS.values(), "vllm:request_prompt_tokens", "vllm:request_generation_tokens")
+# the histograms a CoreReading carries: the latencies, which guardian reads (the page has
+# ~20; parsing and assembling the others, request lengths among them, every poll would be
+# most of a poll's cost for nothing)
+HISTOGRAMS = tuple(LATENCY_HISTOGRAMS.values())
 # every family the extractor reads, as named on the page's HELP lines: the
 # scraper parses only these (a vLLM page has ~130 families)
 FAMILIES = frozenset(
