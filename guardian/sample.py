@@ -137,6 +137,7 @@ class EngineReading:
     scrape_seconds: float | None = None
     process_alive: bool | None = None  # the engine's main process by its launcher's word; None: no launcher's word
     process_started: float | None = None  # that process's start time (unix seconds): a new one is a new process
+    latency_read: bool = True  # the page's latency histograms were read (every few polls: sources/vllm.py)
 
     @property
     def main_process(self) -> tuple[bool | None, float | None]:

@@ -25,6 +25,7 @@ from guardian.daemon import Daemon
 from guardian.sdnotify import Notifier
 from guardian.sim.cluster import SimCluster
 from guardian.sim.engine import SimRequest
+from guardian.sources.vllm import LATENCY_EVERY_POLLS
 from tests.helpers import free_port
 
 
@@ -155,7 +156,8 @@ async def test_latency_quantiles_follow_the_engine(cluster: SimCluster) -> None:
         for _ in range(20):
             server.engine.submit(SimRequest(prompt_tokens=500, max_tokens=20, arrival=server.now))
         await asyncio.sleep(1.0)
-        snap = await daemon.poll_once()
+        for _ in range(LATENCY_EVERY_POLLS):  # the histograms are read every few polls: by then, once
+            snap = await daemon.poll_once()
     finally:
         await daemon.close()
     ttft = snap.engines["sim0"].latency["ttft"]

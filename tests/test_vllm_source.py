@@ -164,3 +164,31 @@ async def test_health_is_asked_every_tenth_poll_while_metrics_answer_and_every_p
         assert asked.count("/health") == 10 and all(r.healthy is False for r in readings)  # poll 21 saw it; asked every poll since
     finally:
         await runner.cleanup()
+
+
+async def test_latency_histograms_are_read_every_fifth_scrape_and_right_after_a_failure(session: aiohttp.ClientSession) -> None:
+    page = (Path(__file__).parent / "fixtures" / "vllm-0.33-metrics.txt").read_bytes()
+    down = False
+
+    async def handler(request: web.Request) -> web.Response:
+        if down and request.path == "/metrics":
+            return web.Response(status=503)
+        return web.Response(body=page, content_type="text/plain")
+
+    runner, url = await _static(handler)
+    try:
+        scraper = VllmScraper("a", url, session, timeout=2)
+        readings = [await scraper.scrape() for _ in range(11)]
+        assert [r.latency_read for r in readings] == [True, False, False, False, False] * 2 + [True]
+        for r in readings:  # gauges and counters every time; the histograms only when read
+            (core, *_) = r.cores
+            assert core.kv_cache_usage is not None and core.running is not None
+            assert bool(core.histograms) == r.latency_read
+            assert set(core.histograms) <= {"vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+                                            "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds"}  # fmt: skip
+        down = True
+        assert not (await scraper.scrape()).up
+        down = False
+        assert (await scraper.scrape()).latency_read  # back: possibly another vLLM, read whole at once
+    finally:
+        await runner.cleanup()

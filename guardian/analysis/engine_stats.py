@@ -94,6 +94,7 @@ class EngineTracker:
         self._histograms = {key: HistogramWindow(horizon) for key in LATENCY_HISTOGRAMS}
         self._failures = 0
         self._root_start: float | None = None
+        self._latency: dict[str, Quantiles | None] = {}  # as of the last reading that carried the histograms
         self.restarts = 0
 
     def update(self, t: float, reading: EngineReading, gpu_memory_by_pid: Mapping[int, int]) -> EngineSignals:
@@ -118,8 +119,10 @@ class EngineTracker:
         cores = reading.cores
         for key, window in self._counters.items():
             window.add(t, _sum(getattr(c, key) for c in cores))
-        for key, family in LATENCY_HISTOGRAMS.items():
-            self._histograms[key].add(t, _merge([c.histograms.get(family) for c in cores]))
+        if reading.latency_read:
+            for key, family in LATENCY_HISTOGRAMS.items():
+                self._histograms[key].add(t, _merge([c.histograms.get(family) for c in cores]))
+            self._latency = {key: w.quantiles(t, self.window) for key, w in self._histograms.items()}
         rate = {key: self._counters[key].rate(t, self.window) for key in _RATES}
         drafted = self._counters["spec_draft_tokens_total"].increase(t, self.window)
         accepted = self._counters["spec_accepted_tokens_total"].increase(t, self.window)
@@ -130,7 +133,7 @@ class EngineTracker:
             waiting=_sum(c.waiting for c in cores),
             block_size=_first(c.block_size for c in cores),
             num_gpu_blocks=_first(c.num_gpu_blocks for c in cores),
-            latency={key: w.quantiles(t, self.window) for key, w in self._histograms.items()},
+            latency=self._latency,
             prompt_tokens_per_second=rate["prompt_tokens_total"],
             generation_tokens_per_second=rate["generation_tokens_total"],
             requests_per_second=rate["requests_finished_total"],

@@ -5,6 +5,12 @@ answers and the last ``/health`` said 200, and on every poll otherwise:
 a page that parsed says the server is up, and half of a poll's requests were
 ``/health`` answering what the page had already said.
 
+The latency histograms are read every ``LATENCY_EVERY_POLLS`` scrapes (and
+on the first): they were most of a scrape's parsing and of the poll's
+window work, and the P99 they feed is over a minute's window, which a
+reading every few seconds follows as well (the reading says whether it
+carries them: ``latency_read``). Gauges and counters are read every poll.
+
 Whatever goes wrong (refused, timeout, 5xx, HTML instead of metrics, a page
 cut off) ends as an ``EngineReading`` with ``up=False`` and a reason; nothing
 raises out of ``scrape``, so one bad engine cannot stop the poll of the others.
@@ -22,6 +28,7 @@ from guardian.sources import promtext, vllm_page
 
 MAX_PAGE_BYTES = 16 * 1024 * 1024
 HEALTH_EVERY_POLLS = 10
+LATENCY_EVERY_POLLS = 5
 
 
 class VllmScraper:
@@ -35,13 +42,16 @@ class VllmScraper:
         self._parser = promtext.Parser()
         self._health: bool | None = None  # the last /health verdict
         self._health_age = 0  # scrapes since it was asked
+        self._latency_age = 0  # scrapes since the latency histograms were read (0: read them now)
 
     async def scrape(self) -> EngineReading:
         started = time.perf_counter()
+        latency = self._latency_age == 0
+        self._latency_age = (self._latency_age + 1) % LATENCY_EVERY_POLLS
         if self._health is not True or self._health_age >= HEALTH_EVERY_POLLS - 1:
-            metrics, health = await asyncio.gather(self._metrics(), self.health())
+            metrics, health = await asyncio.gather(self._metrics(latency), self.health())
         else:
-            metrics = await self._metrics()
+            metrics = await self._metrics(latency)
             health = await self.health() if isinstance(metrics, _Failure) else None
         if health is not None or isinstance(metrics, _Failure):
             self._health, self._health_age = health, 0
@@ -51,6 +61,7 @@ class VllmScraper:
         elapsed = time.perf_counter() - started
         if isinstance(metrics, _Failure):
             self._parser.forget()  # it may come back as another vLLM, with other families
+            self._latency_age = 0
             return EngineReading(
                 name=self.name, up=False, healthy=health, error=metrics.reason, error_kind=metrics.kind, scrape_seconds=elapsed
             )
@@ -65,11 +76,10 @@ class VllmScraper:
                 cores=vllm_page.cores_from_page(metrics),
                 scrape_seconds=elapsed,
             )
-        return EngineReading(
-            name=self.name, up=True, healthy=health, cores=vllm_page.cores_from_page(metrics), scrape_seconds=elapsed
-        )
+        return EngineReading(name=self.name, up=True, healthy=health, cores=vllm_page.cores_from_page(metrics),
+                             scrape_seconds=elapsed, latency_read=latency)  # fmt: skip
 
-    async def _metrics(self) -> promtext.Page | _Failure:
+    async def _metrics(self, latency: bool = True) -> promtext.Page | _Failure:
         try:
             async with self._session.get(self.url + "/metrics", timeout=self._timeout, headers=self._headers) as resp:
                 if resp.status != 200:
@@ -99,7 +109,7 @@ class VllmScraper:
         except UnicodeDecodeError as exc:
             return _Failure("parse", f"GET /metrics is not UTF-8 text (byte {exc.start})")
         try:
-            return self._parser.parse(text, vllm_page.FAMILIES)
+            return self._parser.parse(text, vllm_page.FAMILIES if latency else vllm_page.FAMILIES_WITHOUT_LATENCY)
         except promtext.ParseError as exc:
             return _Failure("truncated" if exc.truncated else "parse", f"GET /metrics is not Prometheus text: {exc}")
 

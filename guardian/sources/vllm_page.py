@@ -48,6 +48,7 @@ FAMILIES = frozenset(
     + list(HISTOGRAMS)
     + ["vllm:engine_sleep_state", "vllm:cache_config_info"]
 )
+FAMILIES_WITHOUT_LATENCY = FAMILIES - frozenset(HISTOGRAMS)
 
 
 def has_engine_stats(page: Page) -> bool:
