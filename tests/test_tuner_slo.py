@@ -8,24 +8,15 @@ from __future__ import annotations
 from guardian.policy import tuner
 from guardian.policy.slo import Slo
 from guardian.policy.tuner import Limits, Reading, TunerParams, TunerState
+from tests.test_tuner import POLL, run as tuner_run
 
 FAST = Limits(hardware_cap=24, fast=True, speculation_allowed=False, speculative_config=None)
 DERIVED = TunerParams()  # no target: 3x the engine's P99 with nothing waiting in it
 CONFIGURED = TunerParams(slo=Slo(target_seconds=0.2))
-POLL = 5.0
 
 
-def run(state: TunerState, readings: list[Reading], p: TunerParams, limits: Limits = FAST, start: float = 0.0):
-    moves, holds = [], []
-    for i, r in enumerate(readings):
-        t = start + i * POLL
-        out = tuner.step(state, r, t, p, limits)
-        state = out.state
-        if out.move:
-            moves.append((t, out.move))
-        if out.hold:
-            holds.append(out.hold)
-    return state, moves, holds
+def run(state: TunerState, readings: list[Reading], p: TunerParams, limits: Limits = FAST, start: float = 0.0):  # type: ignore[no-untyped-def]
+    return tuner_run(state, readings, limits, start, p)
 
 
 def polls(n: int, latency: float, queued: float = 0, waiting: float = 0, running: float | None = None,
