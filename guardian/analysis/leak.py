@@ -22,8 +22,9 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    (the background's period: a sawtooth's tooth, a spike), at least
    ``envelope_seconds``: from returns to the hour's floor, and from two
    excursions alike between troughs (``period.py``), since a staircase
-   with a step about once per period never returns to an old floor. A rising flank is then not a staircase, and a step
-   under a tall tooth still lifts the floor.
+   with a step about once per period never returns to an old floor. A
+   rising flank is then not a staircase, and a step under a tall tooth
+   still lifts the floor.
 3. **A step** is the envelope above the floor by ``k`` for ``hold_seconds``
    (or ``W / 2`` if longer), reached *abruptly*: a floor that took more than
    half a window to rise, or rose where the readings are smooth enough to

@@ -21,16 +21,16 @@ class Excursions:
     """A zigzag over the readings: peaks and troughs at least ``m`` apart (``m`` above the noise)."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """A load, a restart, a gap: what comes next is a new series."""
         self._rising = True  # after a trough (or at the start): looking for a peak
         self._peak = -math.inf
         self._low = math.inf
         self._anchor = math.inf  # the reading that last lowered the trough by m/2: when it was reached, in effect
         self._low_t = 0.0
         self._left: float | None = None  # when the series rose out of the last trough
-
-    def reset(self) -> None:
-        """A load, a restart, a gap: what comes next is a new series."""
-        self.__init__()  # type: ignore[misc]
 
     def update(self, t: float, value: float, m: float) -> float | None:
         """The length of an excursion that ended in a trough now behind, or None."""

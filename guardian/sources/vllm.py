@@ -75,11 +75,12 @@ class VllmScraper:
                 error_kind="no_stats",
                 cores=vllm_page.cores_from_page(metrics),
                 scrape_seconds=elapsed,
+                latency_read=latency,
             )
         return EngineReading(name=self.name, up=True, healthy=health, cores=vllm_page.cores_from_page(metrics),
                              scrape_seconds=elapsed, latency_read=latency)  # fmt: skip
 
-    async def _metrics(self, latency: bool = True) -> promtext.Page | _Failure:
+    async def _metrics(self, latency: bool) -> promtext.Page | _Failure:
         try:
             async with self._session.get(self.url + "/metrics", timeout=self._timeout, headers=self._headers) as resp:
                 if resp.status != 200:
