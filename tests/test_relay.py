@@ -208,6 +208,11 @@ async def _gateway_to(url: str) -> GatewayServer:
 ANSWER = b'{"choices":[{"text":" hi"}]}'
 
 
+def _answer(head: bytes = b"Content-Type: application/json\r\n") -> bytes:
+    """A plain answer of known length carrying ANSWER, with ``head``'s header lines."""
+    return b"HTTP/1.1 200 OK\r\n" + head + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode() + ANSWER
+
+
 async def _read_request(reader: asyncio.StreamReader) -> bool:
     """One request read whole (head and Content-Length body); False at the connection's end."""
     try:
@@ -242,8 +247,7 @@ async def test_plain_answers_reuse_one_kept_alive_upstream_connection() -> None:
         nonlocal connections
         connections += 1
         while await _read_request(reader):
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                         + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode() + ANSWER)  # fmt: skip
+            writer.write(_answer())
         writer.close()
 
     assert await _through_gateway(handler, 10) == [(200, ANSWER)] * 10
@@ -262,8 +266,7 @@ async def test_a_kept_alive_connection_closed_under_a_request_is_retried_on_a_ne
                 writer.close()  # the idle timeout struck as the second request came: it was never read
                 return
             answered += 1
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                         + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode() + ANSWER)  # fmt: skip
+            writer.write(_answer())
         writer.close()
 
     assert await _through_gateway(handler, 2) == [(200, ANSWER)] * 2
@@ -277,7 +280,7 @@ async def test_a_connection_the_upstream_says_to_close_is_not_kept() -> None:
         nonlocal connections
         connections += 1
         if await _read_request(reader):
-            writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n" + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode() + ANSWER)
+            writer.write(_answer(b"Connection: close\r\n"))
         writer.close()
 
     assert await _through_gateway(handler, 3) == [(200, ANSWER)] * 3
@@ -305,7 +308,7 @@ async def test_header_bytes_that_are_not_ascii_reach_the_upstream_as_they_came()
         seen.append(head)
         length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
         await reader.readexactly(length)
-        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n" + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode() + ANSWER)
+        writer.write(_answer(b"Connection: close\r\n"))
         writer.close()
 
     server, url = await _raw_upstream(handler)
