@@ -248,7 +248,7 @@ class GatewayServer:
         begun = time.perf_counter()
         try:
             response = await self._forward(request, placed.engine, raw, True, isinstance(body, dict) and body.get("stream") is True)
-            self.metrics.requests.labels(placed.lane, placed.bucket, str(response.status)).inc()
+            self.metrics.count(placed.lane, placed.bucket, str(response.status))
             return response
         except asyncio.CancelledError:
             self.metrics.count(placed.lane, placed.bucket, "client_gone")

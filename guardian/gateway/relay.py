@@ -251,9 +251,10 @@ class Pool:
 
     def __init__(self, base_url: str) -> None:
         parts = urlsplit(base_url)
-        self.secure = parts.scheme == "https"
+        secure = parts.scheme == "https"
+        self.ssl = ssl.create_default_context() if secure else None  # once: loading the CA store is not per connection
         self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or (443 if self.secure else 80)
+        self.port = parts.port or (443 if secure else 80)
         self.netloc = parts.netloc
         self.prefix = parts.path.rstrip("/")
         self._idle: list[tuple[float, _Upstream]] = []
@@ -270,8 +271,7 @@ class Pool:
             upstream.close()
         try:
             _, fresh = await asyncio.wait_for(
-                loop.create_connection(lambda: _Upstream(loop), self.host, self.port,
-                                       ssl=ssl.create_default_context() if self.secure else None),
+                loop.create_connection(lambda: _Upstream(loop), self.host, self.port, ssl=self.ssl),
                 timeout,
             )  # fmt: skip
         except OSError as exc:
