@@ -301,9 +301,6 @@ def _rules(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits, 
             return f"{what} waits: {len(s.restarts)} tuning restarts in the last day"
         return f"{what} waits: the breaker's restart budget is kept for emergencies"
 
-    def held_back(xs: list[Reading]) -> bool:
-        return _held_back(xs, p, limits)
-
     # -- a smaller batch: the long window must agree ------------------------------------------
     if len(down) >= p.min_samples and since_move >= p.cooldown_seconds:
         best = min(x.latency for x in down if x.latency is not None)
@@ -326,7 +323,7 @@ def _rules(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits, 
             numbers["preemptions_per_second"] = r.preemptions_per_second
             return moved("batch", s.batch, lower, "preemptions", False, batch=lower, ceiling=(s.batch, t + p.blocked_seconds),
                          trial=("preemptions", min(preempting), s.batch))  # fmt: skip
-        if slo is not None and best > slo.above and held_back(down):
+        if slo is not None and best > slo.above and _held_back(down, p, limits):
             return Step(s, hold="overloaded: P99 over the objective with requests queued (more replicas needed)")
         if slo is not None and best > slo.above:  # every poll of the window over the objective, nothing queued: the engine is slow
             if s.speculation:
@@ -350,7 +347,7 @@ def _rules(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits, 
         return Step(s)
     engine_limit = s.max_num_seqs if s.max_num_seqs is not None else limits.hardware_cap
     if slo is None:
-        if not held_back(up):
+        if not _held_back(up, p, limits):
             return Step(replace(s, pinned_since=None))
         # held at the engine's own limit is a fact without an SLO: its clock runs while the SLO is learnt
         at_limit = not limits.fast or s.batch >= engine_limit
@@ -362,7 +359,7 @@ def _rules(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits, 
         x.utilization is not None and x.utilization < p.raise_below_utilization and x.gateway_queued + x.waiting > 0
         for x in up
     )
-    queue = held_back(up) and worst <= slo.above
+    queue = _held_back(up, p, limits) and worst <= slo.above
     cap = limits.hardware_cap
     if s.ceiling is not None and t < s.ceiling[1]:
         cap = min(cap, s.ceiling[0] - 1)

@@ -88,7 +88,7 @@ class Parser:
         self._max_series = max_series
         self._layouts: dict[str, _Layout | None] = {}
         self._offsets: dict[str, int | None] = {}  # per family: where its HELP line was last time (None: missing)
-        self._absent_checks: dict[str, int] = {}  # per family: the block's lines last time, when they were all plain samples
+        self._absent_checks: dict[str, int] = {}  # per family missing from the page: parses since it went missing
 
     def parse(self, text: str, families: frozenset[str] | None = None) -> Page:
         """Parse a page; with ``families``, only those families' samples are read.
