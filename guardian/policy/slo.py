@@ -13,7 +13,8 @@ what the engine does unloaded holds the tuner at "overloaded" for ever. So
 without a configured target the objective is ``unloaded_factor`` times the
 engine's own P99 with nothing waiting in it (learnt live, see
 ``policy/tuner.py``), and a configured target below that P99 is refused with
-the reason and replaced the same way (``objective``).
+the reason and replaced the same way (``objective``) once no smaller batch
+can reach it (``tuner.slo_in_force``).
 
 Service classes are the gateway's lanes (``high`` and ``low``) with what each
 may be given: its vLLM ``priority`` (lower is served first under
