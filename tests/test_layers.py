@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "guardian"
 
 # lower ranks are imported by higher ones, never the reverse; same rank may import each other
 RANKS = {
-    "__init__": 0, "sample": 0, "clock": 0, "logs": 0, "state": 0, "ticker": 0, "sdnotify": 0, "listener": 0,
+    "__init__": 0, "sample": 0, "clock": 0, "logs": 0, "state": 0, "ticker": 0, "sdnotify": 0, "listener": 0, "http1": 0,
     "sources": 1,
     "analysis": 2,
     "policy": 3,

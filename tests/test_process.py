@@ -36,6 +36,32 @@ def test_pid_file_finds_the_process_and_its_children(tree: subprocess.Popen, tmp
     assert all(r.alive and r.rss_bytes > 0 and r.start_time > 0 for r in readings)
 
 
+def test_the_numbers_read_from_proc_are_the_ones_psutil_gives(tree: subprocess.Popen, tmp_path: Path) -> None:
+    pid_file = tmp_path / "vllm.pid"
+    pid_file.write_text(f"{tree.pid}\n")
+    readings, _ = ProcessSource(ProcessSection(pid_file=pid_file)).read()
+    for reading in readings:
+        proc = psutil.Process(reading.pid)
+        cpu = proc.cpu_times()
+        assert reading.start_time == pytest.approx(proc.create_time(), abs=0.02)  # a restart is a new start time: same clock
+        assert reading.rss_bytes == pytest.approx(proc.memory_info().rss, rel=0.05)  # stat's count, statm's within pages
+        assert reading.cpu_seconds == pytest.approx(cpu.user + cpu.system, abs=0.05)
+        assert reading.name == proc.name() and "guardian-test-tree" in (reading.cmdline or "") or reading.pid != tree.pid
+
+
+def test_a_zombie_in_the_tree_reads_as_not_alive(tmp_path: Path) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(['true']); time.sleep(60)"])
+    try:
+        time.sleep(0.5)  # the child has exited and is not reaped: a zombie
+        pid_file = tmp_path / "vllm.pid"
+        pid_file.write_text(str(parent.pid))
+        readings, _ = ProcessSource(ProcessSection(pid_file=pid_file)).read()
+        assert [r.alive for r in readings] == [True, False]
+    finally:
+        parent.kill()
+        parent.wait()
+
+
 def test_match_finds_the_root_of_the_tree(tree: subprocess.Popen) -> None:
     readings, error = ProcessSource(ProcessSection(match="guardian-test-tree")).read()
     assert error is None and readings[0].pid == tree.pid and len(readings) == 2

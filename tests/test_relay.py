@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from guardian.gateway.metrics import GatewayMetrics
 from guardian.gateway.proxy import GatewayServer, GatewaySettings
-from guardian.gateway.relay import HIGH_WATER_BYTES, _Upstream
+from guardian.http1 import HIGH_WATER_BYTES, Connection
 from guardian.policy.buckets import Bucket
 
 EVENT = b'data: {"choices":[{"index":0,"text":" tok"}]}\n\n'
@@ -153,7 +153,7 @@ def test_the_closing_chunk_is_found_and_held_back_however_the_reads_fall(cut: in
     body = b"6\r\nhello \r\n5\r\nworld\r\n" + b"0\r\n\r\n"
     loop = asyncio.new_event_loop()
     try:
-        upstream = _Upstream(loop)
+        upstream = Connection(loop)
         client = _Client()
         upstream.attach(client)  # type: ignore[arg-type]
         for i in range(0, len(body), cut):
@@ -292,7 +292,7 @@ def test_an_interim_100_continue_is_skipped_for_the_answer_that_follows(cut: int
     answer = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
     loop = asyncio.new_event_loop()
     try:
-        upstream = _Upstream(loop)
+        upstream = Connection(loop)
         for i in range(0, len(answer), cut):
             upstream.data_received(answer[i : i + cut])
         assert upstream.head.result()[0] == 200 and upstream.done.result() == b"ok"

@@ -30,7 +30,11 @@ from guardian.sources.vllm_page import LATENCY_HISTOGRAMS
 
 async def probe(url: str, timeout: float, api_key: str | None, nvml_module: Any | None = pynvml) -> dict[str, Any]:
     async with aiohttp.ClientSession() as session:
-        reading = await VllmScraper("probe", url, session, timeout, api_key).scrape()
+        scraper = VllmScraper("probe", url, timeout, api_key)
+        try:
+            reading = await scraper.scrape()
+        finally:
+            scraper.close()
         dev = await VllmAdmin(url, session, timeout).is_paused() if reading.up or reading.healthy else None
     result: dict[str, Any] = {
         "url": url,

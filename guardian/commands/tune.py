@@ -108,7 +108,7 @@ async def tune_engine(config: cfg.Config, section: cfg.EngineSection | None, poi
         launcher = launcher_for(section, config.guardian.state_dir)
     try:
         async with aiohttp.ClientSession() as session:
-            scraper = VllmScraper(section.name if section else "sim", url, session, 10.0, api_key)
+            scraper = VllmScraper(section.name if section else "sim", url, 10.0, api_key)
             procedure = DrainedRestart(section.name if section else "sim", launcher, NoGateway(),
                                        VllmAdmin(url, session) if dev else None, scraper.health, scraper.load,
                                        config.actions.timeouts, backend)  # fmt: skip

@@ -204,6 +204,8 @@ class Daemon:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        for engine in self._engines.values():
+            engine.scraper.close()
         self._readers.close()
         if self._record is not None:
             self._record.close()
@@ -298,8 +300,9 @@ class Daemon:
         return True
 
     def _set_engines(self, config: cfg.Config) -> None:
-        assert self._session is not None
-        self._engines = wiring.build_engines(config, self._session)
+        for old in self._engines.values():
+            old.scraper.close()
+        self._engines = wiring.build_engines(config)
         for name in self._engines:
             self._engine_logs.setdefault(name, FailureLog(f"engine:{name}"))
 

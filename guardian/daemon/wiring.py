@@ -54,7 +54,7 @@ class EngineHandle:
     api_key: str | None  # for a proxy in front of vLLM; the gateway sends it upstream too
 
 
-def build_engines(config: cfg.Config, session: aiohttp.ClientSession) -> dict[str, EngineHandle]:
+def build_engines(config: cfg.Config) -> dict[str, EngineHandle]:
     engines: dict[str, EngineHandle] = {}
     for section in config.engines:
         try:
@@ -64,7 +64,7 @@ def build_engines(config: cfg.Config, session: aiohttp.ClientSession) -> dict[st
             api_key = None
         engines[section.name] = EngineHandle(
             section=section,
-            scraper=VllmScraper(section.name, section.url, session, config.guardian.scrape_timeout, api_key),
+            scraper=VllmScraper(section.name, section.url, config.guardian.scrape_timeout, api_key),
             processes=ProcessSource(section.process) if section.process else None,
             api_key=api_key,
         )

@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 import aiohttp
 from aiohttp import web
 
-from guardian import logs
+from guardian import http1, logs
 from guardian.actions.gateway import Gates
 from guardian.actions.outcome import Outcome
 from guardian.gateway import relay, routes
@@ -120,7 +120,7 @@ class GatewayServer:
         self.admission = {name: Admission(settings.concurrency, settings.queue_size, restart_hold_seconds=settings.restart_hold_seconds)
                           for name in self.upstreams}  # fmt: skip
         metrics.registry.register(AdmissionGauges(self.admission))
-        self.pools = {name: relay.Pool(url) for name, url in self.upstreams.items()}  # kept-alive connections per engine
+        self.pools = {name: http1.Pool(url) for name, url in self.upstreams.items()}  # kept-alive connections per engine
         self.gates = {name: Gates() for name in self.upstreams}
         self.down: dict[str, str] = {}  # engines not to route to, and why (dead, starting, unresponsive, refused)
         self.refused: CounterOf[str] = CounterOf()  # requests the gateway answered 429/503 itself, per engine
@@ -330,8 +330,8 @@ class GatewayServer:
         if generate:
             try:
                 return await relay.relay(request, self.pools[engine], headers, data, self.settings.upstream_timeout_seconds, stream)
-            except (relay.Unreachable, relay.NoAnswer, asyncio.TimeoutError) as exc:
-                if isinstance(exc, relay.Unreachable):
+            except (http1.Unreachable, http1.NoAnswer, asyncio.TimeoutError) as exc:
+                if isinstance(exc, http1.Unreachable):
                     self.set_available(engine, False, "refused")  # until the next poll says otherwise
                 return _error(502, f"the gateway got no answer from {engine}: {exc or type(exc).__name__}", "BadGatewayError")
         url = self.upstreams[engine] + request.rel_url.path_qs

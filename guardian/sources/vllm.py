@@ -11,6 +11,9 @@ window work, and the P99 they feed is over a minute's window, which a
 reading every few seconds follows as well (the reading says whether it
 carries them: ``latency_read``). Gauges and counters are read every poll.
 
+Both are asked over ``guardian.http1``'s kept-alive connections, one pool per
+engine: through aiohttp's client a GET was a fifth of a poll's instructions.
+
 Whatever goes wrong (refused, timeout, 5xx, HTML instead of metrics, a page
 cut off) ends as an ``EngineReading`` with ``up=False`` and a reason; nothing
 raises out of ``scrape``, so one bad engine cannot stop the poll of the others.
@@ -21,22 +24,20 @@ from __future__ import annotations
 import asyncio
 import time
 
-import aiohttp
-
+from guardian import http1
 from guardian.sample import EngineReading
 from guardian.sources import promtext, vllm_page
 
-MAX_PAGE_BYTES = 16 * 1024 * 1024
 HEALTH_EVERY_POLLS = 10
 LATENCY_EVERY_POLLS = 5
 
 
 class VllmScraper:
-    def __init__(self, name: str, url: str, session: aiohttp.ClientSession, timeout: float, api_key: str | None = None) -> None:
+    def __init__(self, name: str, url: str, timeout: float, api_key: str | None = None) -> None:
         self.name = name
         self.url = url.rstrip("/")
-        self._session = session
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._pool = http1.Pool(self.url)
+        self._timeout = timeout
         # /metrics and /health need no key, but a proxy in front of vLLM may; never logged
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._parser = promtext.Parser()
@@ -82,29 +83,21 @@ class VllmScraper:
 
     async def _metrics(self, latency: bool) -> promtext.Page | _Failure:
         try:
-            async with self._session.get(self.url + "/metrics", timeout=self._timeout, headers=self._headers) as resp:
-                if resp.status != 200:
-                    return _Failure(_status_kind(resp.status), f"GET /metrics answered HTTP {resp.status}")
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in resp.content.iter_chunked(1 << 16):
-                    size += len(chunk)
-                    if size > MAX_PAGE_BYTES:
-                        return _Failure("too_large", f"GET /metrics page is larger than {MAX_PAGE_BYTES} bytes")
-                    chunks.append(chunk)
-                body = b"".join(chunks)
-                if resp.content_length is not None and len(body) < resp.content_length:
-                    return _Failure(
-                        "truncated", f"GET /metrics body was cut off at {len(body)} of {resp.content_length} bytes"
-                    )
+            status, body = await http1.get(self._pool, "/metrics", self._headers, self._timeout)
         except asyncio.TimeoutError:
-            return _Failure("timeout", f"GET /metrics did not answer within {self._timeout.total:g}s")
-        except aiohttp.ClientConnectorError as exc:
-            return _Failure("refused", f"cannot connect to {self.url}: {exc.os_error.strerror or exc}")
-        except aiohttp.ClientPayloadError as exc:
+            return _Failure("timeout", f"GET /metrics did not answer within {self._timeout:g}s")
+        except http1.Unreachable as exc:
+            return _Failure("refused", f"cannot connect to {self.url}: {exc.strerror or exc}")
+        except http1.TooLarge:
+            return _Failure("too_large", f"GET /metrics page is larger than {http1.MAX_WHOLE_BYTES} bytes")
+        except http1.NoAnswer as exc:
+            return _Failure("http_error", f"GET /metrics failed: {exc}")
+        except http1.UpstreamError as exc:
             return _Failure("truncated", f"GET /metrics body was cut off: {exc}")
-        except (aiohttp.ClientError, OSError) as exc:
+        except OSError as exc:
             return _Failure("http_error", f"GET /metrics failed: {type(exc).__name__}: {exc}")
+        if status != 200:
+            return _Failure(_status_kind(status), f"GET /metrics answered HTTP {status}")
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -123,11 +116,14 @@ class VllmScraper:
     async def health(self) -> bool | None:
         """True on 200, False on an answer that is not 200, None when there was no answer."""
         try:
-            async with self._session.get(self.url + "/health", timeout=self._timeout, headers=self._headers) as resp:
-                await resp.read()
-                return resp.status == 200
-        except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
+            status, _ = await http1.get(self._pool, "/health", self._headers, self._timeout)
+        except (asyncio.TimeoutError, http1.UpstreamError, OSError):
             return None
+        return status == 200
+
+    def close(self) -> None:
+        """Its kept-alive connections closed (guardian stopping, or the engine gone from the config)."""
+        self._pool.close()
 
 
 class _Failure:

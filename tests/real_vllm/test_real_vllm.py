@@ -235,8 +235,9 @@ async def test_every_signal_guardian_extracts_is_on_the_real_page(host: Host) ->
         req = urllib.request.Request(host.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as resp:
             assert resp.status == 200
-    async with aiohttp.ClientSession() as http:
-        reading = await VllmScraper("real", host.url, http, 10.0).scrape()
+    scraper = VllmScraper("real", host.url, 10.0)
+    reading = await scraper.scrape()
+    scraper.close()
     assert reading.up and reading.healthy is True and not reading.stats_disabled
     (core,) = reading.cores
     missing = [f for f in ("model_name", "running", "waiting", "kv_cache_usage", "preemptions_total", "prompt_tokens_total",
@@ -407,7 +408,7 @@ async def test_a_drained_restart_changes_max_num_seqs_waits_for_the_load_and_los
     assert gateway.address is not None
     via = f"http://127.0.0.1:{gateway.address[1]}"
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=LOAD_TIMEOUT + 60)) as http:
-        scraper = VllmScraper("real", host.url, http, 5.0)
+        scraper = VllmScraper("real", host.url, 5.0)
         procedure = DrainedRestart("real", launcher, gateway, VllmAdmin(host.url, http), scraper.health, scraper.load,
                                    RestartTimeouts(drain_seconds=60, start_seconds=LOAD_TIMEOUT, check_every_seconds=0.5))  # fmt: skip
 
