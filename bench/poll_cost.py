@@ -3,7 +3,8 @@
     python bench/poll_cost.py [--polls 200] [--engines 8] [--gpus 8] [--tuner] [--instructions]
 
 Set-up: a separate process serves the real vLLM 0.33 page from
-tests/fixtures on one port per engine (so the servers' CPU is not counted);
+tests/fixtures on one port per engine (so the servers' CPU is not counted),
+chunked as vLLM's server sends it;
 this process runs the real daemon's poll against them (on the event loop
 ``guardian run`` uses: uvloop where it is installed), with the fake NVML
 over simulated GPUs and a pid-file process source per engine. CPU time is
@@ -47,8 +48,14 @@ def serve(count: int, ports_file: Path) -> None:
 
     body = PAGE.read_bytes()
 
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=body, content_type="text/plain")
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        # as vLLM's uvicorn answers it: prometheus_client's ASGI app gives no length, so the page comes chunked
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        await resp.write(body)
+        await resp.write_eof()
+        return resp
 
     async def health(_: web.Request) -> web.Response:
         return web.Response()

@@ -35,7 +35,7 @@ MAX_WHOLE_BYTES = 16 * 1024 * 1024  # an answer read whole (known length, or col
 class Sink(Protocol):
     """Where a chunked body is passed: a client's transport (the gateway), or ``get``'s buffer."""
 
-    def write(self, data: bytes) -> None: ...
+    def write(self, data: bytes | memoryview) -> None: ...
 
     def get_write_buffer_size(self) -> int: ...
 
@@ -72,11 +72,14 @@ class Connection(asyncio.Protocol):
         """Ready for the next exchange on this connection (kept alive, from the pool)."""
         loop = self.loop
         self.head: asyncio.Future[tuple[int, str, list[tuple[str, str]]]] = loop.create_future()
-        self.done: asyncio.Future[bytes] = loop.create_future()  # the whole body (known length), or b"" once relayed
+        self.done: asyncio.Future[bytes | memoryview] = loop.create_future()  # the whole body (known length), or b"" once relayed
         for future in (self.head, self.done):  # an exchange given up (the client left) leaves no "never retrieved" noise
             future.add_done_callback(_retrieved)
-        self._buffer = bytearray()  # the head; then body bytes that came before the client was attached
+        self._buffer = bytearray()  # the start of a head split across reads
+        self._parts: list[bytes | memoryview] = []  # the body as read (of known length, or before a client was attached)
+        self._size = 0  # their bytes
         self._client: Sink | None = None
+        self.sink: Sink | None = None  # where a chunked body goes from the moment the head is read (``get``)
         self.chunked = False
         self._length: int | None = None
         self._line = bytearray()  # a chunk-size line split across reads
@@ -114,13 +117,13 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._client is not None:
             self._relay(data)
-        elif not self.head.done():
-            self._buffer += data
-            self._read_head()
+        elif self.head.done():
+            self._take(data)
         else:
-            self._buffer += data
-            if self._length is not None:
-                self._check_whole()
+            if self._buffer:  # the rest of a split head (rare): read from the two together
+                self._buffer += data
+                data, self._buffer = bytes(self._buffer), bytearray()
+            self._read_head(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -128,28 +131,31 @@ class Connection(asyncio.Protocol):
             self.head.set_exception(UpstreamError("the upstream closed the connection before answering"))
         elif not self.done.done():
             if self._length is None and not self.chunked:  # read to the end: the end is the body's end
-                self.done.set_result(bytes(self._buffer))
+                self.done.set_result(b"".join(self._parts))
             else:
                 self.done.set_exception(UpstreamError("the upstream closed the connection in the middle of the answer"))
 
     # -- the head ----------------------------------------------------------------------------------
 
-    def _read_head(self) -> None:
-        end = self._buffer.find(b"\r\n\r\n")
+    def _read_head(self, data: bytes) -> None:
+        """The head from ``data``; what follows it is the body's start, kept without a copy (a page is most of one read)."""
+        end = data.find(b"\r\n\r\n")
         if end < 0:
-            if len(self._buffer) > MAX_HEAD_BYTES:
+            if len(data) > MAX_HEAD_BYTES:
                 self.head.set_exception(UpstreamError("the upstream's answer head is too large"))
                 self.close()
+            else:
+                self._buffer += data
             return
-        lines = bytes(self._buffer[:end]).decode("latin-1").split("\r\n")
-        del self._buffer[: end + 4]
+        lines = data[:end].decode("latin-1").split("\r\n")
+        rest = memoryview(data)[end + 4 :]
         parts = lines[0].split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
             self.head.set_exception(UpstreamError(f"the upstream's answer is not HTTP/1.1: {lines[0][:80]!r}"))
             self.close()
             return
         if parts[1].startswith("1") and parts[1] != "101":  # an interim answer (100 Continue): the real one follows
-            self._read_head()
+            self._read_head(bytes(rest))
             return
         headers = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:]) if k]
         for key, value in headers:
@@ -162,22 +168,32 @@ class Connection(asyncio.Protocol):
                 self._keep_alive = False
         self._keep_alive = self._keep_alive and parts[0] == "HTTP/1.1"
         self.head.set_result((int(parts[1]), parts[2] if len(parts) > 2 else "", headers))
-        if not self.chunked and self._length is not None:
-            self._check_whole()
+        if self.chunked and self.sink is not None:  # straight on, not kept until the reader looks at the head
+            self._client = self.sink
+            if rest:
+                self._relay(bytes(rest))
+        else:
+            self._take(rest)
 
-    def _check_whole(self) -> None:
-        assert self._length is not None
+    def _take(self, part: bytes | memoryview) -> None:
+        """Body bytes read before anyone relays them: kept as read, joined once the body of known length is whole."""
+        if part:
+            self._parts.append(part)
+            self._size += len(part)
+        if self._length is None or self.chunked or self.done.done():
+            return
         if self._length > MAX_WHOLE_BYTES:
             self.fail(TooLarge(f"the answer is larger than {MAX_WHOLE_BYTES} bytes"))
-        elif len(self._buffer) >= self._length and not self.done.done():
-            self.done.set_result(bytes(self._buffer[: self._length]))
+        elif self._size >= self._length:
+            body = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+            self.done.set_result(body if len(body) == self._length else memoryview(body)[: self._length])
 
     # -- the relay -----------------------------------------------------------------------------------
 
     def attach(self, client: Sink) -> None:
         """From now on body bytes go to ``client`` as they come; what came before goes first."""
         self._client = client
-        early, self._buffer = bytes(self._buffer), bytearray()
+        early, self._parts = b"".join(self._parts), []
         if early:
             self._relay(early)
 
@@ -220,7 +236,7 @@ class Connection(asyncio.Protocol):
                 self._in_trailer = True
                 continue
             self._left = size + 2  # the data and its CRLF
-        payload = held + data[:end] if held else data[:end] if end < n else data
+        payload = held + data[:end] if held else memoryview(data)[:end] if end < n else data  # a view: no copy of the read
         if payload:
             assert self._client is not None
             self._client.write(payload)
@@ -249,7 +265,7 @@ class Connection(asyncio.Protocol):
         done = self.done
         if not (self._keep_alive and not self.closed and done.done() and not done.cancelled() and done.exception() is None):
             return False
-        return self._in_trailer if self.chunked else self._length is not None and len(self._buffer) == self._length
+        return self._in_trailer if self.chunked else self._length is not None and self._size == self._length
 
     def fail(self, exc: UpstreamError) -> None:
         """The exchange given up with ``exc``, and the connection with it (what is left of the answer is not read)."""
@@ -326,16 +342,18 @@ class Pool:
 
 
 class _Collected:
-    """A chunked answer ``get`` reads whole: its bytes kept in their framing as they come, de-chunked once at the end."""
+    """A chunked answer ``get`` reads whole: the reads kept as they come (in their framing), de-chunked once at the end."""
 
-    def __init__(self, connection: Connection) -> None:
-        self.framed = bytearray()
-        self._connection = connection
+    def __init__(self) -> None:
+        self.parts: list[bytes | memoryview] = []
+        self.size = 0
+        self.connection: Connection | None = None
 
-    def write(self, data: bytes) -> None:
-        self.framed += data
-        if len(self.framed) > MAX_WHOLE_BYTES:
-            self._connection.fail(TooLarge(f"the answer is larger than {MAX_WHOLE_BYTES} bytes"))
+    def write(self, data: bytes | memoryview) -> None:
+        self.parts.append(data)
+        self.size += len(data)
+        if self.size > MAX_WHOLE_BYTES and self.connection is not None:
+            self.connection.fail(TooLarge(f"the answer is larger than {MAX_WHOLE_BYTES} bytes"))
 
     def get_write_buffer_size(self) -> int:
         return 0
@@ -343,21 +361,32 @@ class _Collected:
     def is_closing(self) -> bool:
         return False
 
-    def data(self) -> bytes:
-        """The body without its framing (sizes already checked by the relay; the closing chunk was never passed)."""
-        framed, parts, i = self.framed, [], 0
-        if len(framed) > MAX_WHOLE_BYTES:  # the last read both passed the limit and ended the answer
+    def data(self) -> bytes | memoryview:
+        """The body without its framing (sizes already checked by the relay; the closing chunk was never passed).
+
+        A page sent as one chunk (uvicorn's way) comes back as a view of the read that carried it: not copied.
+        """
+        if self.size > MAX_WHOLE_BYTES:  # the last read both passed the limit and ended the answer
             raise TooLarge(f"the answer is larger than {MAX_WHOLE_BYTES} bytes")
-        while i < len(framed):
-            eol = framed.index(b"\n", i)
-            size = int(framed[i:eol].split(b";", 1)[0], 16)
-            parts.append(framed[eol + 1 : eol + 1 + size])
-            i = eol + 1 + size + 2
-        return b"".join(parts)
+        view = memoryview(self.parts[0] if len(self.parts) == 1 else b"".join(self.parts))
+        chunks, i = [], 0
+        while i < len(view):
+            line = bytes(view[i : i + 1024])  # the size line, and its extensions if any
+            eol = line.find(b"\n")
+            if eol < 0:
+                line = bytes(view[i:])
+                eol = line.index(b"\n")
+            size = int(line[:eol].split(b";", 1)[0], 16)
+            chunks.append(view[i + eol + 1 : i + eol + 1 + size])
+            i += eol + 1 + size + 2
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def send(pool: Pool, message: bytes, deadline: float) -> tuple[Connection, tuple[int, str, list[tuple[str, str]]]]:
+async def send(pool: Pool, message: bytes, deadline: float,
+               sink: Sink | None = None) -> tuple[Connection, tuple[int, str, list[tuple[str, str]]]]:  # fmt: skip
     """``message`` (a whole request) sent on a connection of ``pool``; that connection and the answer's head.
+
+    With ``sink``, a chunked body goes there as it is read, from the head on.
 
     The caller gives the connection back to the pool once the answer is read
     (or given up). Raises ``Unreachable`` when no connection can be made,
@@ -370,6 +399,9 @@ async def send(pool: Pool, message: bytes, deadline: float) -> tuple[Connection,
     for attempt in (1, 2):
         connection, reused = await pool.open(deadline - loop.time())
         connection.expire_at(deadline)
+        connection.sink = sink
+        if isinstance(sink, _Collected):
+            sink.connection = connection  # a body past the limit closes it
         try:
             assert connection.transport is not None
             connection.transport.write(message)
@@ -385,8 +417,8 @@ async def send(pool: Pool, message: bytes, deadline: float) -> tuple[Connection,
     raise AssertionError("unreachable")
 
 
-async def get(pool: Pool, path: str, headers: Mapping[str, str], timeout: float) -> tuple[int, bytes]:
-    """``GET path``: the answer's status and whole body, on a kept-alive connection of ``pool``.
+async def get(pool: Pool, path: str, headers: Mapping[str, str], timeout: float) -> tuple[int, bytes | memoryview]:
+    """``GET path``: the answer's status and whole body (as read: not copied again), on a kept-alive connection of ``pool``.
 
     Raises what ``send`` raises, ``TooLarge``, ``asyncio.TimeoutError``, and
     ``UpstreamError`` when the upstream breaks off the body.
@@ -394,13 +426,10 @@ async def get(pool: Pool, path: str, headers: Mapping[str, str], timeout: float)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     lines = [f"GET {pool.prefix}{path} HTTP/1.1", f"Host: {pool.netloc}", *(f"{k}: {v}" for k, v in headers.items())]
-    connection, (status, _, _) = await send(pool, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), deadline)
+    collected = _Collected()
+    connection, (status, _, _) = await send(pool, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), deadline, collected)
     try:
-        collected = None
-        if connection.chunked:
-            collected = _Collected(connection)
-            connection.attach(collected)
         body = await connection.done
-        return status, collected.data() if collected is not None else body
+        return status, collected.data() if connection.chunked else body
     finally:
         pool.give(connection)

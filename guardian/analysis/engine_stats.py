@@ -9,10 +9,10 @@ histogram buckets add up), so an engine's P99 is the P99 of all its requests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from guardian.analysis.window import CounterWindow, HistogramWindow, Quantiles
-from guardian.sample import EngineReading, Histogram, ProcReading
+from guardian.sample import CoreReading, EngineReading, Histogram, ProcReading
 from guardian.sources.vllm_page import LATENCY_HISTOGRAMS
 
 _COUNTERS = (
@@ -25,6 +25,7 @@ _COUNTERS = (
 )
 
 
+_ADDED = _COUNTERS + ("running", "waiting")  # what a data-parallel engine's cores add up to
 _RATES = ("prompt_tokens_total", "generation_tokens_total", "requests_finished_total", "preemptions_total")
 
 # windows keep this much beyond their length: enough for the point at the
@@ -116,23 +117,23 @@ class EngineTracker:
         )
         if not reading.up or not reading.cores:
             return EngineSignals(**base)  # type: ignore[arg-type]
-        cores = reading.cores
+        core = reading.cores[0] if len(reading.cores) == 1 else _combined(reading.cores)
         for key, window in self._counters.items():
-            window.add(t, _sum(getattr(c, key) for c in cores))
+            window.add(t, getattr(core, key))
         if reading.latency_read:
             for key, family in LATENCY_HISTOGRAMS.items():
-                self._histograms[key].add(t, _merge([c.histograms.get(family) for c in cores]))
+                self._histograms[key].add(t, core.histograms.get(family))
             self._latency = {key: w.quantiles(t, self.window) for key, w in self._histograms.items()}
         rate = {key: self._counters[key].rate(t, self.window) for key in _RATES}
         drafted = self._counters["spec_draft_tokens_total"].increase(t, self.window)
         accepted = self._counters["spec_accepted_tokens_total"].increase(t, self.window)
         return EngineSignals(
             **base,  # type: ignore[arg-type]
-            kv_cache_usage=_max(c.kv_cache_usage for c in cores),
-            running=_sum(c.running for c in cores),
-            waiting=_sum(c.waiting for c in cores),
-            block_size=_first(c.block_size for c in cores),
-            num_gpu_blocks=_first(c.num_gpu_blocks for c in cores),
+            kv_cache_usage=core.kv_cache_usage,
+            running=core.running,
+            waiting=core.waiting,
+            block_size=core.block_size,
+            num_gpu_blocks=core.num_gpu_blocks,
             latency=self._latency,
             prompt_tokens_per_second=rate["prompt_tokens_total"],
             generation_tokens_per_second=rate["generation_tokens_total"],
@@ -156,6 +157,15 @@ def _gpu_memory(alive: list[ProcReading] | None, by_pid: Mapping[int, int]) -> i
         return None
     used = [by_pid[p.pid] for p in alive if p.pid in by_pid]
     return sum(used) if used else None
+
+
+def _combined(cores: Sequence[CoreReading]) -> CoreReading:
+    """A data-parallel engine's cores as one: counts and histograms added, the fullest KV cache, the first cache layout."""
+    summed = {key: _sum(getattr(c, key) for c in cores) for key in _ADDED}
+    merged = {family: h for family in LATENCY_HISTOGRAMS.values() if (h := _merge([c.histograms.get(family) for c in cores]))}
+    layout = next((c.cache_config for c in cores if c.cache_config.get("num_gpu_blocks")), cores[0].cache_config)
+    return CoreReading(core="all", kv_cache_usage=_max(c.kv_cache_usage for c in cores), histograms=merged, cache_config=layout,
+                       **summed)  # type: ignore[arg-type]  # fmt: skip
 
 
 def _merge(hists: list[Histogram | None]) -> Histogram | None:
@@ -185,6 +195,4 @@ def _max(values: Iterable[float | None]) -> float | None:
     return max(known) if known else None
 
 
-def _first(values: Iterable[int | None]) -> int | None:
-    return next((v for v in values if v is not None), None)
 

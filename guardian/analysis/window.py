@@ -43,11 +43,13 @@ class Ring(Generic[V]):
         points = self.points
         if len(points) < 2:
             return None
-        last = points[-1]
-        first = next((p for p in points if p[0] >= t0), None)
-        if first is None or first is last:
+        for first in points:  # the window's start is a few points from the oldest (the horizon's slack)
+            if first[0] >= t0:
+                break
+        else:
             return None
-        return first, last
+        last = points[-1]
+        return None if first is last else (first, last)
 
 
 class CounterWindow:

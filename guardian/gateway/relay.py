@@ -51,7 +51,7 @@ async def relay(request: web.Request, pool: http1.Pool, headers: Mapping[str, st
     try:
         passed = [(k, v) for k, v in head if k.lower() not in HOP_BY_HOP]
         if not upstream.chunked:
-            whole = web.Response(status=status, reason=reason or None, body=await upstream.done)
+            whole = web.Response(status=status, reason=reason or None, body=bytes(await upstream.done))
             for k, v in passed:
                 whole.headers.add(k, v)
             return whole

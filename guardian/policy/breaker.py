@@ -62,8 +62,10 @@ if any. No clock, no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import IntEnum
+
+from guardian.policy.frozen import updated
 
 
 class Level(IntEnum):
@@ -244,10 +246,9 @@ def evidence_numbers(e: Evidence) -> dict[str, float | int | None]:
 
 def step(state: BreakerState, e: Evidence, t: float, p: BreakerParams) -> tuple[BreakerState, Transition | None]:
     since = t if state.since is None else state.since
-    state = replace(state, since=since)
     blind = e.telemetry_lost and e.phase not in ("dead", "unresponsive")  # a dead engine answers nothing: not blindness
     if state.forced or blind:
-        return replace(state, pending={}, clear_since=None), None  # pinned, or blind: hold the level
+        return updated(state, since=since, pending={}, clear_since=None), None  # pinned, or blind: hold the level
     rules = _enter_rules(e, p)
     pending = {name: state.pending.get(name, t) for name, (_, holds) in rules.items() if holds}
     sustained = [(level, name) for name, (level, _) in rules.items() if name in pending and t - pending[name] >= _sustain(name, level, p)]
@@ -259,17 +260,16 @@ def step(state: BreakerState, e: Evidence, t: float, p: BreakerParams) -> tuple[
     if target > state.level:
         transition = Transition(t, state.level, target, rule, evidence_numbers(e))
         return BreakerState(level=target, since=t, pending=pending, shut=shut, open_since=open_since, rule=rule), transition
-    state = replace(state, shut=shut, open_since=open_since)
     stays, unknown = _stays(state.level, e, p)
     if state.level == Level.L0 or stays is not False:
-        return replace(state, pending=pending, clear_since=None), None
+        return updated(state, since=since, shut=shut, open_since=open_since, pending=pending, clear_since=None), None
     clear_since = state.clear_since if state.clear_since is not None else t
     if t - clear_since >= p.exit_hold(state.level) and t - since >= p.exit_hold(state.level):
         lower = Level(state.level - 1)
         rule = f"recovered ({', '.join(unknown)} unknown)" if unknown else "recovered"
         transition = Transition(t, state.level, lower, rule, evidence_numbers(e))
-        return BreakerState(level=lower, since=t, pending=pending, shut=min(state.shut, lower), rule=rule), transition
-    return replace(state, pending=pending, clear_since=clear_since), None
+        return BreakerState(level=lower, since=t, pending=pending, shut=min(shut, lower), rule=rule), transition
+    return updated(state, since=since, shut=shut, open_since=open_since, pending=pending, clear_since=clear_since), None
 
 
 def _gates(state: BreakerState, shut: Level, e: Evidence, t: float, p: BreakerParams) -> tuple[Level, float | None]:

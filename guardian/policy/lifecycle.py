@@ -24,8 +24,10 @@ but whose process lives and answers ``/health`` is ``up``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
+
+from guardian.policy.frozen import updated
 
 Phase = Literal["starting", "up", "unresponsive", "dead"]
 DOWN: tuple[Phase, ...] = ("unresponsive", "dead")  # phases that call for a restart and a page
@@ -75,7 +77,7 @@ def step(state: Lifecycle, obs: Observation, t: float, p: LifecycleParams) -> Li
     if phase != "starting":
         starting_since = None
     since = t if phase != state.phase or state.since is None else state.since
-    return replace(state, phase=phase, since=since, failures=failures, started=started, starting_since=starting_since)
+    return updated(state, phase=phase, since=since, failures=failures, started=started, starting_since=starting_since)
 
 
 def _phase(state: Lifecycle, obs: Observation, t: float, p: LifecycleParams, failures: int, starting_since: float | None) -> Phase:

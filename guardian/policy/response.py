@@ -124,7 +124,7 @@ def respond(
     seen = e if state.restarting is None else replace(e, telemetry_lost=True, phase="starting")  # paused, then down: on purpose
     shut = state.breaker.shut
     b, transition = breaker.step(state.breaker, seen, t, bp)
-    if b != state.breaker:  # most polls change nothing: no new state
+    if b is not state.breaker:  # most polls change nothing: the same state (``frozen.updated``)
         state = replace(state, breaker=b)
     if transition is not None:
         transitions.append(transition)

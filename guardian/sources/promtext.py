@@ -18,12 +18,15 @@ from __future__ import annotations
 import math
 import re
 import sys
+from itertools import repeat
+from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 Labels = dict[str, str]
 HELP_SLACK_BYTES = 4096  # a HELP line is looked for this far around its last place (values change length)
 ABSENT_RECHECK_PARSES = 60  # a family missing from a target's page is looked for again every this many parses
+RUN_GAP_BYTES = 1024  # wanted families closer than this are read as one run (with what lies between)
 _T = TypeVar("_T")
 
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
@@ -75,18 +78,27 @@ class Page:
 
 
 class Parser:
-    """Parses pages from one target, remembering the series it has seen.
+    """Parses pages from one target, remembering the series it has seen and where its families sit.
 
     A vLLM page carries the same few hundred series every poll, so the
     series key (name and label set, the text before the value) is looked up
     in a dict and only new keys pay for validation and label splitting. The
     returned label dicts are shared between pages: treat them as read-only.
+
+    With a filter (``parse(text, families)``), the wanted families are read
+    by a plan made from the page the first time: runs of wanted families
+    that sit close together (with the small blocks between them, vLLM's
+    ``_created`` families), each with the layout of its lines. A later page
+    whose run has the same lines but for the values is read by one split and
+    one comparison per run, where a block per family cost as much again in
+    overhead as in reading; anything else (a new series, a timestamp, a
+    family moved) is read family by family, and the plan made again.
     """
 
     def __init__(self, max_series: int = 20_000) -> None:
         self._series: dict[str, tuple[str, Labels]] = {}
         self._max_series = max_series
-        self._layouts: dict[str, _Layout | None] = {}
+        self._plans: dict[frozenset[str], _Plan] = {}
         self._offsets: dict[str, int | None] = {}  # per family: where its HELP line was last time (None: missing)
         self._absent_checks: dict[str, int] = {}  # per family missing from the page: parses since it went missing
 
@@ -98,43 +110,90 @@ class Parser:
         for histograms, ``x_created``): blocks of other families are skipped
         whole, unread and unchecked. A page without HELP lines is read whole.
         """
-        if not text.strip():
+        if not text or text.isspace():  # not strip(): a copy of the page
             raise ParseError("empty page")
         if not text.endswith("\n"):
             raise ParseError("page is truncated: the last line has no newline", truncated=True)
         if len(self._series) > self._max_series:
             self._series.clear()  # a target with churning labels: start over rather than grow
-            self._layouts.clear()
+            self._plans.clear()
             self._offsets.clear()
         page = Page()
         if families is None or not text.startswith("# HELP "):
             self._lines(text, 0, len(text), page)
             return page
-        # the wanted blocks are found by their HELP lines, near where they were last time: the page is
-        # never split, copied or walked whole, and only the blocks read are sliced
+        plan = self._plans.get(families)
+        if plan is not None:
+            plan.parses += 1
+            due = plan.absent and plan.parses % ABSENT_RECHECK_PARSES == 0
+            appeared = due and any(self._help_line(text, family, recheck=True) >= 0 for family in plan.absent)
+            if not appeared and self._by_plan(plan, text, page):
+                return page
+            page = Page()  # a run changed, or a missing family appeared: family by family, and a new plan
+        return self._by_family(text, families, page)
+
+    def forget(self) -> None:
+        """The target went away (a restart may bring another version's page): look for every family afresh."""
+        self._offsets.clear()
+        self._absent_checks.clear()
+        self._plans.clear()
+
+    def _by_plan(self, plan: _Plan, text: str, page: Page) -> bool:
+        """The page read run by run; False when a run is not where, or not what, it was."""
+        for run in plan.runs:
+            start = self._help_line(text, run.first)
+            last = start if run.last == run.first else self._help_line(text, run.last)
+            if start < 0 or last < start:
+                return False
+            following = text.find("\n# HELP ", text.find("\n", last))
+            stop = len(text) if following < 0 else following + 1
+            if run.layout is None:
+                if self._lines(text, start, stop, page):
+                    return True  # # EOF
+            elif not run.layout.read(text[start:stop], page):
+                return False
+        return True
+
+    def _by_family(self, text: str, families: frozenset[str], page: Page) -> Page:
+        """Each wanted family found by its HELP line and read line by line; the plan for the next pages made from them."""
         found = []
         for family in families:
             start = self._help_line(text, family)
             if start >= 0:
                 found.append((start, family))
         found.sort()
+        blocks = []
         for start, family in found:
-            eol = text.find("\n", start)
-            following = text.find("\n# HELP ", eol)
-            if self._block(family, text, eol + 1, len(text) if following < 0 else following + 1, page):
-                break
+            following = text.find("\n# HELP ", text.find("\n", start))
+            stop = len(text) if following < 0 else following + 1
+            blocks.append((start, stop, family))
+            if self._lines(text, start, stop, page):
+                return page  # # EOF: no plan for a page that ends inside its families
+        self._plans[families] = _Plan(self._runs(text, blocks, families), families - {f for _, f in found})
         return page
 
-    def forget(self) -> None:
-        """The target went away (a restart may bring another version's page): look for every family afresh."""
-        self._offsets.clear()
-        self._absent_checks.clear()
+    def _runs(self, text: str, blocks: list[tuple[int, int, str]], families: frozenset[str]) -> list[_Run]:
+        """Blocks closer than ``RUN_GAP_BYTES`` grouped into runs, each with its layout; a run that has none is split into its families."""
+        groups: list[list[tuple[int, int, str]]] = []
+        for block in blocks:
+            if groups and block[0] - groups[-1][-1][1] <= RUN_GAP_BYTES:
+                groups[-1].append(block)
+            else:
+                groups.append([block])
+        runs = []
+        for group in groups:
+            layout = _Layout.of(text[group[0][0] : group[-1][1]], self._series, families)
+            if layout is None and len(group) > 1:
+                runs += [_Run(f, f, _Layout.of(text[a:b], self._series, families)) for a, b, f in group]
+            else:
+                runs.append(_Run(group[0][2], group[-1][2], layout))
+        return runs
 
-    def _help_line(self, text: str, family: str) -> int:
-        """Where ``family``'s HELP line starts, or -1; looked for near its last place, a missing one now and then."""
+    def _help_line(self, text: str, family: str, recheck: bool = False) -> int:
+        """Where ``family``'s HELP line starts, or -1; looked for near its last place, a missing one now and then (or on ``recheck``)."""
         header = f"# HELP {family} "
         last = self._offsets.get(family)
-        if last is None and family in self._offsets:  # missing last time: look again only now and then
+        if last is None and family in self._offsets and not recheck:  # missing last time: look again only now and then
             self._absent_checks[family] = checks = self._absent_checks.get(family, 0) + 1
             if checks % ABSENT_RECHECK_PARSES:
                 return -1
@@ -152,41 +211,6 @@ class Parser:
             at = text.find(header, at + 1)
         self._offsets[family] = at if at >= 0 else None
         return at
-
-    def _block(self, family: str, text: str, start: int, stop: int, page: Page) -> bool:
-        """A family's block (after its HELP line); True when ``# EOF`` was reached.
-
-        A target's blocks carry the same series poll after poll: when the
-        block's series are the ones it had last time (compared as a list,
-        in C), only the values are read and the samples are built by
-        slices; anything else is read line by line (``_lines``) and its
-        layout remembered for the next poll.
-        """
-        lines = text[start:stop].split("\n")
-        if lines[-1] == "":
-            lines.pop()
-        layout = self._layouts.get(family)
-        if layout is not None and lines and lines[0] == layout.type_line:
-            parts = [line.rpartition(" ") for line in lines[1:]]
-            if [p[0] for p in parts] == layout.keys:
-                try:
-                    values = list(map(float, [p[2] for p in parts]))
-                except ValueError:
-                    values = None  # read line by line: the error (or a timestamp) is found there
-                if values is not None:
-                    _type_line(layout.type_line, page)
-                    samples = page.samples
-                    for name, low, high, labels in layout.segments:
-                        found = samples.get(name)
-                        if found is None:
-                            samples[name] = list(zip(labels, values[low:high]))
-                        else:
-                            found.extend(zip(labels, values[low:high]))
-                    return False
-        if self._lines(text, start, stop, page):
-            return True
-        self._layouts[family] = _Layout.of(lines, self._series)
-        return False
 
     def _sample(self, line: str) -> tuple[tuple[str, Labels], float]:
         """A line whose series is not known yet (or carries a timestamp): checked, and its series remembered."""
@@ -254,26 +278,108 @@ class Parser:
 
 @dataclass(slots=True)
 class _Layout:
-    """A family block's TYPE line, its sample lines' series keys, and the runs of one sample name among them."""
+    """A run's lines as they were: the text before each line's last space, the comment lines' ends, the samples to keep."""
 
-    type_line: str
-    keys: list[str]
-    segments: list[tuple[str, int, int, list[Labels]]]  # (sample name, first line, past the last, their labels)
+    heads: tuple[str, ...]  # per line: the series key of a sample, the start of a comment
+    comment_tails: tuple[str, ...]  # how the HELP and TYPE lines end ...
+    comments: Callable[[tuple[str, ...]], tuple[str, ...]]  # ... picked from all lines' ends
+    samples: Callable[[tuple[str, ...]], tuple[str, ...]]  # the sample lines' ends (their values)
+    types: dict[str, str]  # the wanted families' TYPE lines
+    segments: list[tuple[str, int, int, list[Labels]]]  # wanted samples: (sample name, first value, past the last, labels)
+
+    def read(self, region: str, page: Page) -> bool:
+        """``region``'s samples into ``page`` when its lines are the layout's but for the values; else False."""
+        lines = region.split("\n")
+        if lines[-1] == "":
+            lines.pop()
+        # split, transposed and picked in C: no Python loop over the lines
+        heads, _, tails = zip(*map(str.rpartition, lines, repeat(" ", len(lines))))
+        if heads != self.heads or self.comments(tails) != self.comment_tails:
+            return False
+        try:
+            values = list(map(float, self.samples(tails)))
+        except ValueError:
+            return False
+        page.types.update(self.types)
+        samples = page.samples
+        for name, low, high, labels in self.segments:
+            found = samples.get(name)
+            if found is None:
+                samples[name] = list(zip(labels, values[low:high]))
+            else:
+                found.extend(zip(labels, values[low:high]))
+        return True
 
     @classmethod
-    def of(cls, lines: list[str], series: dict[str, tuple[str, Labels]]) -> _Layout | None:
-        """None when the block is not a TYPE line and plain samples of known series (comments, timestamps, odd spacing)."""
-        if not lines or not lines[0].startswith("# TYPE "):
-            return None
-        keys = [line.rpartition(" ")[0] for line in lines[1:]]
-        known = [series.get(key) for key in keys]
-        if any(k is None for k in known) or any(line[:1] in ("#", "") for line in lines[1:]):
-            return None
-        names = [k[0] for k in known]  # type: ignore[index]
-        starts = [i for i in range(len(names)) if i == 0 or names[i] is not names[i - 1]]  # a sample name's run begins
-        segments = [(names[low], low, high, [k[1] for k in known[low:high]])  # type: ignore[index]
-                    for low, high in zip(starts, starts[1:] + [len(names)])]  # fmt: skip
-        return cls(lines[0], keys, segments)
+    def of(cls, region: str, series: dict[str, tuple[str, Labels]], families: frozenset[str]) -> _Layout | None:
+        """None when the region is not HELP and TYPE lines and plain samples (other comments, timestamps, odd spacing)."""
+        lines = region.split("\n")
+        if lines[-1] == "":
+            lines.pop()
+        heads, comment_at, comment_tails, sample_at = [], [], [], []
+        types: dict[str, str] = {}
+        names: list[tuple[str, Labels] | None] = []  # per sample: its series, None in a family not wanted
+        wanted = False
+        for i, line in enumerate(lines):
+            head, _, tail = line.rpartition(" ")
+            heads.append(head)
+            if line.startswith("# HELP "):
+                wanted = line.split(" ", 3)[2] in families
+            elif line.startswith("# TYPE "):
+                parts = line.split()
+                if len(parts) != 4:
+                    return None
+                if wanted:
+                    types[parts[2]] = parts[3]
+            elif not line or line[0] == "#":
+                return None
+            else:
+                try:
+                    float(tail)
+                    known = series.get(head) or series.setdefault(head, _series_key(head))
+                except (ValueError, ParseError):
+                    return None
+                sample_at.append(i)
+                names.append(known if wanted else None)
+                continue
+            comment_at.append(i)
+            comment_tails.append(tail)
+        segments: list[tuple[str, int, int, list[Labels]]] = []
+        for i, entry in enumerate(names):
+            if entry is None:
+                continue
+            if segments and segments[-1][0] is entry[0] and segments[-1][2] == i:
+                name, low, _, labels = segments[-1]
+                segments[-1] = (name, low, i + 1, labels + [entry[1]])
+            else:
+                segments.append((entry[0], i, i + 1, [entry[1]]))
+        return cls(tuple(heads), tuple(comment_tails), _picker(comment_at), _picker(sample_at), types, segments)
+
+
+def _picker(indexes: list[int]) -> Callable[[tuple[str, ...]], tuple[str, ...]]:
+    """A tuple of the items at ``indexes``, always a tuple (``itemgetter`` of one index gives the item itself)."""
+    if len(indexes) == 1:
+        only = indexes[0]
+        return lambda items: (items[only],)
+    return itemgetter(*indexes) if indexes else lambda items: ()
+
+
+@dataclass(slots=True)
+class _Run:
+    """Wanted families next to each other on the page: from ``first``'s HELP line to the end of ``last``'s block."""
+
+    first: str
+    last: str
+    layout: _Layout | None  # None: read line by line every time
+
+
+@dataclass(slots=True)
+class _Plan:
+    """How one set of families is read from a target's pages."""
+
+    runs: list[_Run]
+    absent: frozenset[str]  # wanted families the page did not have: looked for every ABSENT_RECHECK_PARSES parses
+    parses: int = 0
 
 
 def parse(text: str) -> Page:

@@ -99,7 +99,7 @@ class VllmScraper:
         if status != 200:
             return _Failure(_status_kind(status), f"GET /metrics answered HTTP {status}")
         try:
-            text = body.decode("utf-8")
+            text = str(body, "utf-8")
         except UnicodeDecodeError as exc:
             return _Failure("parse", f"GET /metrics is not UTF-8 text (byte {exc.start})")
         try:
