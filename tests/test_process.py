@@ -111,3 +111,30 @@ def test_a_process_that_renames_itself_after_start_shows_its_new_name(tmp_path: 
         proc.wait()
     assert before is not None and after is not None
     assert before[0].name != "VLLM::EngineCor" and after[0].name == "VLLM::EngineCor"
+
+
+def test_a_source_keeps_one_stat_file_per_process_and_closes_them_when_dropped(tree: subprocess.Popen, tmp_path: Path) -> None:
+    import gc
+    import os
+
+    pid_file = tmp_path / "vllm.pid"
+    pid_file.write_text(f"{tree.pid}\n")
+    before = len(os.listdir("/proc/self/fd"))
+    source = ProcessSource(ProcessSection(pid_file=pid_file))
+    for _ in range(5):
+        readings, _ = source.read()
+        assert readings is not None and all(r.alive for r in readings)
+    assert len(os.listdir("/proc/self/fd")) == before + 2  # the root and its child, opened once, read five times
+    del source
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_rewritten_pid_file_is_read_again(tree: subprocess.Popen, tmp_path: Path) -> None:
+    pid_file = tmp_path / "vllm.pid"
+    pid_file.write_text("999999999\n")
+    source = ProcessSource(ProcessSection(pid_file=pid_file))
+    assert source.read()[0] is None
+    pid_file.write_text(f"{tree.pid}\n")  # the engine restarted and wrote its new pid
+    readings, error = source.read()
+    assert error is None and readings is not None and readings[0].pid == tree.pid

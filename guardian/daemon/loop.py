@@ -205,7 +205,7 @@ class Daemon:
             await self._session.close()
             self._session = None
         for engine in self._engines.values():
-            engine.scraper.close()
+            engine.close()
         self._readers.close()
         if self._record is not None:
             self._record.close()
@@ -301,7 +301,7 @@ class Daemon:
 
     def _set_engines(self, config: cfg.Config) -> None:
         for old in self._engines.values():
-            old.scraper.close()
+            old.close()
         self._engines = wiring.build_engines(config)
         for name in self._engines:
             self._engine_logs.setdefault(name, FailureLog(f"engine:{name}"))

@@ -53,6 +53,10 @@ class EngineHandle:
     processes: ProcessSource | None
     api_key: str | None  # for a proxy in front of vLLM; the gateway sends it upstream too
 
+    def close(self) -> None:
+        """Its kept-alive connections closed (its process source closes its files when it is dropped)."""
+        self.scraper.close()
+
 
 def build_engines(config: cfg.Config) -> dict[str, EngineHandle]:
     engines: dict[str, EngineHandle] = {}

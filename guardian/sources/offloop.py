@@ -46,7 +46,11 @@ class OffloopWorker:
         future.add_done_callback(_retrieve)  # a late result after a timeout is dropped quietly
         self._busy.set()
         self._jobs.put((fn, future, loop))
-        return await asyncio.wait_for(asyncio.shield(future), timeout)  # type: ignore[arg-type, return-value]
+        expiry = loop.call_later(timeout, _expire, future)  # one timer, where wait_for and shield added a task and futures
+        try:
+            return await future  # type: ignore[return-value]
+        finally:
+            expiry.cancel()
 
     def _run(self) -> None:
         while True:
@@ -70,6 +74,11 @@ def _settle(future: asyncio.Future[object], result: object, error: BaseException
         future.set_exception(error)
     else:
         future.set_result(result)
+
+
+def _expire(future: asyncio.Future[object]) -> None:
+    if not future.done():
+        future.set_exception(asyncio.TimeoutError())
 
 
 def _retrieve(future: asyncio.Future[object]) -> None:

@@ -3,10 +3,13 @@
 Finding the processes is the expensive part (``systemctl``, a scan of
 ``/proc``), so the roots are found once and looked for again only when one of
 them is gone. A known tree's numbers (state, RSS, CPU, start time) are read
-every poll from one read of ``/proc/<pid>/stat`` per process: through
-psutil's ``oneshot`` they were two files and a dozen wrapped calls, a seventh
+every poll from ``/proc/<pid>/stat``, kept open and read again from its start
+(one system call; the kernel writes it afresh on each read, and a process
+that is gone, even if its pid is reused, answers ESRCH): through psutil's
+``oneshot`` they were two files opened and a dozen wrapped calls, a seventh
 of a poll's CPU for 8 single-process engines (a real engine has several
-processes). psutil still finds the processes and names them.
+processes). A pid file is read again only when its inode, size or mtime
+changed. psutil still finds the processes and names them.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import weakref
 from pathlib import Path
 from typing import Protocol
 
@@ -55,6 +59,10 @@ class ProcessSource:
         self._tree_at = 0.0
         self._identity: dict[int, tuple[str, str | None]] = {}  # pid -> (name, cmdline)
         self._dirty = False
+        self._stat_files: dict[int, int] = {}  # pid -> its open /proc/<pid>/stat
+        self._pid_file: tuple[tuple[int, int, int], int] | None = None  # (inode, size, mtime) of the pid file, and its pid
+        # closed with the source, not by a call: a reload drops it from the loop while the /proc worker may still read it
+        weakref.finalize(self, _close_all, self._stat_files)
 
     def read(self) -> tuple[tuple[ProcReading, ...] | None, str | None]:
         """The tree's readings, or (None, reason) when no process could be found."""
@@ -73,7 +81,7 @@ class ProcessSource:
         if s.systemd_unit is not None:
             stale = True  # reading cgroup.procs is cheap and sees a restarted unit at once
         elif s.pid_file is not None:
-            stale = stale or [_pid_from_file(s.pid_file)] != [r.pid for r in self._roots]
+            stale = stale or [self._pid_in(s.pid_file)] != [r.pid for r in self._roots]
         elif time.monotonic() - self._scanned_at > RESCAN_SECONDS:
             stale = True
         if stale:
@@ -96,13 +104,15 @@ class ProcessSource:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         self._tree, self._tree_roots, self._tree_at = tree, [r.pid for r in roots], now
+        for pid in [pid for pid in self._stat_files if pid not in tree]:
+            os.close(self._stat_files.pop(pid))
         self._identity = {}  # names read again with the tree: vLLM renames its processes after they start (VLLM::EngineCore)
         self._dirty = False
         return tree
 
     def _reading(self, proc: psutil.Process) -> ProcReading:
         try:
-            state, cpu, start, rss = _stat(proc.pid)
+            state, cpu, start, rss = self._stat(proc.pid)
             ident = self._identity.get(proc.pid)
             if ident is None:
                 ident = self._identity[proc.pid] = (proc.name(), " ".join(proc.cmdline())[:200] or None)
@@ -113,10 +123,35 @@ class ProcessSource:
         return ProcReading(pid=proc.pid, name=ident[0], alive=state != b"Z", rss_bytes=rss, cpu_seconds=cpu, start_time=start,
                            cmdline=ident[1])  # fmt: skip
 
+    def _stat(self, pid: int) -> tuple[bytes, float, float, int]:
+        """State letter, CPU seconds (user + system), start time (unix seconds) and RSS bytes of ``pid``."""
+        fd = self._stat_files.get(pid)
+        if fd is None:
+            fd = self._stat_files[pid] = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            data = os.pread(fd, 4096, 0)
+            if not data:
+                raise ProcessLookupError(pid)
+        except OSError:  # gone (ESRCH): the file is closed with it, and a reused pid opens its own
+            os.close(self._stat_files.pop(pid))
+            raise
+        return _parsed_stat(data)
+
+    def _pid_in(self, path: Path) -> int:
+        """The pid in ``path``; the file read again only when it changed (a restarted engine writes a new one)."""
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise ProcessNotFound(f"pid file {path}: {exc.strerror or exc}") from None
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._pid_file is None or self._pid_file[0] != seen:
+            self._pid_file = (seen, _pid_from_file(path))
+        return self._pid_file[1]
+
     def _find(self) -> list[psutil.Process]:
         s = self._section
         if s.pid_file is not None:
-            return [_process(_pid_from_file(s.pid_file), f"pid file {s.pid_file}")]
+            return [_process(self._pid_in(s.pid_file), f"pid file {s.pid_file}")]
         if s.systemd_unit is not None:
             return self._unit_processes(s.systemd_unit)
         assert s.match is not None
@@ -156,21 +191,19 @@ def _unit_cgroup(unit: str) -> str:
     return out
 
 
-def _stat(pid: int) -> tuple[bytes, float, float, int]:
-    """State letter, CPU seconds (user + system), start time (unix seconds) and RSS bytes of ``pid``, from ``/proc/<pid>/stat``."""
-    fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
-    try:
-        data = os.read(fd, 4096)
-    finally:
+def _close_all(files: dict[int, int]) -> None:
+    for fd in files.values():
         os.close(fd)
-    if not data:  # the process went between open and read
-        raise ProcessLookupError(pid)
+    files.clear()
+
+
+def _parsed_stat(data: bytes) -> tuple[bytes, float, float, int]:
     fields = data[data.rindex(b")") + 2 :].split()  # after the name, which may hold spaces and parentheses: field 3 on
     return fields[0], (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[19]) / _TICKS + _BOOT_TIME, int(fields[21]) * _PAGE_BYTES
 
 
 def _pid_from_file(path: Path) -> int:
-    """The pid in ``path``, read every poll (a restarted engine writes a new one): plain ``os`` calls, no text layer."""
+    """The pid in ``path``: plain ``os`` calls, no text layer."""
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
