@@ -171,7 +171,7 @@ class Connection(asyncio.Protocol):
         if self.chunked and self.sink is not None:  # straight on, not kept until the reader looks at the head
             self._client = self.sink
             if rest:
-                self._relay(bytes(rest))
+                self._relay(data, end + 4)
         else:
             self._take(rest)
 
@@ -197,13 +197,13 @@ class Connection(asyncio.Protocol):
         if early:
             self._relay(early)
 
-    def _relay(self, data: bytes) -> None:
-        """Pass ``data`` on up to the closing chunk, following the chunk sizes to know where the answer ends.
+    def _relay(self, data: bytes, offset: int = 0) -> None:
+        """Pass ``data[offset:]`` on up to the closing chunk, following the chunk sizes to know where the answer ends.
 
         A size line split across reads is held back until it is whole: it may be the closing chunk's.
         """
         n = len(data)
-        i, end = 0, 0 if self._in_trailer else n  # data[:end] is passed on
+        i, end = offset, offset if self._in_trailer else n  # data[offset:end] is passed on
         held = b""  # the start of a split size line, from the read before: passed on before data
         while i < n and not self.done.done():
             if self._left:
@@ -236,7 +236,10 @@ class Connection(asyncio.Protocol):
                 self._in_trailer = True
                 continue
             self._left = size + 2  # the data and its CRLF
-        payload = held + data[:end] if held else memoryview(data)[:end] if end < n else data  # a view: no copy of the read
+        if held:
+            payload: bytes | memoryview = held + data[offset:end]
+        else:  # a view of the read where it is not passed whole: no copy
+            payload = memoryview(data)[offset:end] if offset or end < n else data
         if payload:
             assert self._client is not None
             self._client.write(payload)
