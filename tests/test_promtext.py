@@ -165,3 +165,18 @@ def test_a_target_that_was_gone_is_read_afresh(vllm_page: str) -> None:
     warm.parse(pages[0], FAMILIES)  # gpu_cache_usage_perc is missing here
     warm.forget()  # the scrape failed: the target restarted
     assert warm.parse(pages[25], FAMILIES).samples == promtext.Parser().parse(pages[25], FAMILIES).samples
+
+
+def test_a_family_between_two_wanted_ones_changing_its_series_is_still_not_read(vllm_page: str) -> None:
+    """Wanted families close together are read as one run with what lies between them (vLLM's ``_created`` blocks):
+    a change there sends the page through the family-by-family reading once, and nothing unwanted ever reaches the page."""
+    wanted = frozenset({"vllm:num_requests_running", "vllm:engine_sleep_state"})  # num_requests_waiting* sit between
+    warm = promtext.Parser()
+    assert warm.parse(vllm_page, wanted).samples == promtext.Parser().parse(vllm_page, wanted).samples
+    block = vllm_page.index("# HELP vllm:num_requests_waiting ")
+    line_end = vllm_page.index("\n", vllm_page.index("\nvllm:num_requests_waiting{", block) + 1)
+    changed = vllm_page[: line_end + 1] + 'vllm:num_requests_waiting{engine="1",model_name="m"} 7.0\n' + vllm_page[line_end + 1 :]
+    for text in (changed, changed, vllm_page):
+        page = warm.parse(text, wanted)
+        assert page.samples == promtext.Parser().parse(text, wanted).samples
+        assert set(page.samples) == {"vllm:num_requests_running", "vllm:engine_sleep_state"}
