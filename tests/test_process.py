@@ -138,3 +138,24 @@ def test_a_rewritten_pid_file_is_read_again(tree: subprocess.Popen, tmp_path: Pa
     pid_file.write_text(f"{tree.pid}\n")  # the engine restarted and wrote its new pid
     readings, error = source.read()
     assert error is None and readings is not None and readings[0].pid == tree.pid
+
+
+def test_a_data_parallel_engines_cores_add_up_to_one_engine() -> None:
+    from guardian.sample import CoreReading, Histogram
+
+    def core(name: str, running: float, kv: float, tokens: float, ttft: tuple[float, float, float]) -> CoreReading:
+        buckets = ((0.1, ttft[0]), (1.0, ttft[1]), (float("inf"), ttft[2]))
+        return CoreReading(core=name, running=running, waiting=1.0, kv_cache_usage=kv, generation_tokens_total=tokens,
+                           histograms={"vllm:time_to_first_token_seconds": Histogram(buckets=buckets, count=ttft[2], sum=1.0)},
+                           cache_config={"block_size": "16", "num_gpu_blocks": "1000"})  # fmt: skip
+
+    tracker = EngineTracker("dp", window_seconds=60, lost_after_polls=3)
+    for t, tokens, ttft in ((0.0, 0.0, (0, 0, 0)), (10.0, 100.0, (10, 10, 10))):  # core 1: all fast; core 0: all slow
+        reading = EngineReading(name="dp", up=True, healthy=True, latency_read=True,
+                                cores=(core("0", 2, 0.3, tokens, (0, 0, ttft[2])), core("1", 3, 0.7, tokens, ttft)))  # fmt: skip
+        sig = tracker.update(t, reading, {})
+    assert sig.running == 5 and sig.waiting == 2 and sig.kv_cache_usage == 0.7  # added; the fullest KV cache
+    assert sig.generation_tokens_per_second == 20.0 and sig.num_gpu_blocks == 1000 and sig.block_size == 16
+    ttft_q = sig.latency["ttft"]
+    assert ttft_q is not None and ttft_q.count == 20  # both cores' requests, not one core's:
+    assert ttft_q.p50 is not None and ttft_q.p50 <= 0.1 and ttft_q.p99 == 1.0  # half fast (core 1), half slow (core 0)

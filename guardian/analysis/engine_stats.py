@@ -23,8 +23,6 @@ _COUNTERS = (
     "spec_draft_tokens_total",
     "spec_accepted_tokens_total",
 )
-
-
 _ADDED = _COUNTERS + ("running", "waiting")  # what a data-parallel engine's cores add up to
 _RATES = ("prompt_tokens_total", "generation_tokens_total", "requests_finished_total", "preemptions_total")
 
@@ -193,6 +191,3 @@ def _sum(values: Iterable[float | None]) -> float | None:
 def _max(values: Iterable[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return max(known) if known else None
-
-
-
