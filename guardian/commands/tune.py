@@ -106,9 +106,9 @@ async def tune_engine(config: cfg.Config, section: cfg.EngineSection | None, poi
         url, api_key, dev, backend = section.url, section.read_api_key(), section.dev_mode, section.restart.attention_backend
         base = config.base_args(section)
         launcher = launcher_for(section, config.guardian.state_dir)
+    scraper = VllmScraper(section.name if section else "sim", url, 10.0, api_key)
     try:
         async with aiohttp.ClientSession() as session:
-            scraper = VllmScraper(section.name if section else "sim", url, 10.0, api_key)
             procedure = DrainedRestart(section.name if section else "sim", launcher, NoGateway(),
                                        VllmAdmin(url, session) if dev else None, scraper.health, scraper.load,
                                        config.actions.timeouts, backend)  # fmt: skip
@@ -121,5 +121,6 @@ async def tune_engine(config: cfg.Config, section: cfg.EngineSection | None, poi
                     print(f"guardian tune: the engine did not come back with its own arguments: {outcome.detail}", file=sys.stderr)
             return found
     finally:
+        scraper.close()
         if server is not None:
             await server.stop()
