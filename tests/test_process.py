@@ -117,17 +117,26 @@ def test_a_source_keeps_one_stat_file_per_process_and_closes_them_when_dropped(t
     import gc
     import os
 
+    def open_stat_files() -> list[str]:  # this process's open files that are the tree's /proc/<pid>/stat
+        pids = [tree.pid] + [c.pid for c in psutil.Process(tree.pid).children(recursive=True)]
+        links = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                links.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                continue
+        return sorted(link for link in links if link in {f"/proc/{pid}/stat" for pid in pids})
+
     pid_file = tmp_path / "vllm.pid"
     pid_file.write_text(f"{tree.pid}\n")
-    before = len(os.listdir("/proc/self/fd"))
     source = ProcessSource(ProcessSection(pid_file=pid_file))
     for _ in range(5):
         readings, _ = source.read()
         assert readings is not None and all(r.alive for r in readings)
-    assert len(os.listdir("/proc/self/fd")) == before + 2  # the root and its child, opened once, read five times
+    assert len(open_stat_files()) == 2  # the root and its child, opened once, read five times
     del source
     gc.collect()
-    assert len(os.listdir("/proc/self/fd")) == before
+    assert open_stat_files() == []
 
 
 def test_a_rewritten_pid_file_is_read_again(tree: subprocess.Popen, tmp_path: Path) -> None:
