@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 import re
 import sys
+from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter
-from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 Labels = dict[str, str]
@@ -145,8 +145,7 @@ class Parser:
             last = start if run.last == run.first else self._help_line(text, run.last)
             if start < 0 or last < start:
                 return False
-            following = text.find("\n# HELP ", text.find("\n", last))
-            stop = len(text) if following < 0 else following + 1
+            stop = _block_end(text, last)
             if run.layout is None:
                 if self._lines(text, start, stop, page):
                     return True  # # EOF
@@ -164,8 +163,7 @@ class Parser:
         found.sort()
         blocks = []
         for start, family in found:
-            following = text.find("\n# HELP ", text.find("\n", start))
-            stop = len(text) if following < 0 else following + 1
+            stop = _block_end(text, start)
             blocks.append((start, stop, family))
             if self._lines(text, start, stop, page):
                 return page  # # EOF: no plan for a page that ends inside its families
@@ -354,6 +352,12 @@ class _Layout:
             else:
                 segments.append((entry[0], i, i + 1, [entry[1]]))
         return cls(tuple(heads), tuple(comment_tails), _picker(comment_at), _picker(sample_at), types, segments)
+
+
+def _block_end(text: str, help_at: int) -> int:
+    """Past the last line of the family block whose HELP line starts at ``help_at``: the next HELP line, or the page's end."""
+    following = text.find("\n# HELP ", text.find("\n", help_at))
+    return len(text) if following < 0 else following + 1
 
 
 def _picker(indexes: list[int]) -> Callable[[tuple[str, ...]], tuple[str, ...]]:

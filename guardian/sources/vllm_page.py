@@ -68,27 +68,17 @@ def cores_from_page(page: Page) -> tuple[CoreReading, ...]:
             found["model_name"] = labels["model_name"]
         return found
 
-    samples = page.samples
-    last_key: str | None = None  # a core's series come together: its dict is looked up once per run of them
-    target: dict[str, object] = {}
     for field_name, names in _SCALARS.items():
-        entries = None
         for name in names:
-            entries = samples.get(name)
-            if entries:
-                break
-        if not entries:
-            continue
-        for labels, value in entries:
-            key = labels.get("engine", "")
-            if key != last_key:
-                target, last_key = core(labels), key
-            elif "model_name" not in target and "model_name" in labels:
-                target["model_name"] = labels["model_name"]
-            if value - value == 0.0:  # finite (NaN and the infinities give NaN)
-                known = target.get(field_name)
-                # several series per core (finished_reason, …) add up
-                target[field_name] = value if known is None else known + value  # type: ignore[operator]
+            entries = page.get(name)
+            if not entries:
+                continue
+            for labels, value in entries:
+                target = core(labels)
+                if _finite(value):
+                    # several series per core (finished_reason, …) add up
+                    target[field_name] = float(target.get(field_name) or 0.0) + value  # type: ignore[arg-type]
+            break
 
     for labels, value in page.get("vllm:engine_sleep_state"):
         if labels.get("sleep_state") == "awake":
@@ -157,3 +147,7 @@ def _layout(labels: list[Labels]) -> list[tuple[tuple[str, str], tuple[float, ..
 
 def _series(labels: Labels) -> tuple[str, str]:
     return labels.get("engine", ""), labels.get("model_name", "")
+
+
+def _finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))
