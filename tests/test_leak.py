@@ -79,6 +79,23 @@ def test_a_long_spike_is_taken_back_as_a_transient() -> None:
     assert reports[-1].overhang < 0.1 * GiB
 
 
+def test_a_step_inside_a_spike_is_the_step_and_the_spike_is_none() -> None:
+    # the spike rises, the leak steps while it is up, the spike ends: the readings show three jumps
+    values = _noisy([(1800, 50 * GiB), (200, 54 * GiB), (300, 56 * GiB), (3000, 52 * GiB)])
+    _, reports = _run(values, budget=100 * GiB)
+    (step,) = [s for s in reports[-1].steps if s.ended_by != "transient"]
+    assert 2000 <= step.t <= 2005 and step.size == pytest.approx(2 * GiB, rel=0.1)
+
+
+def test_a_floor_that_jumps_and_sinks_back_slowly_is_no_step() -> None:
+    # a sawtooth sampled slower than its period: its lowest reading wraps up at once, then drifts down for hours
+    up, down = 3600, 3 * 3600
+    values = _noisy([(2 * 3600, 50 * GiB)] + [(60, 50 * GiB + GiB * (1 - k / (down // 60))) for k in range(down // 60)]
+                    + [(up, 50 * GiB)], sigma=0.005 * GiB)  # fmt: skip
+    _, reports = _run(values, budget=100 * GiB)
+    assert [s for s in reports[-1].steps if s.ended_by != "transient"] == []
+
+
 def test_memory_freed_long_after_gives_the_step_back_as_freed() -> None:
     values = _noisy([(900, 50 * GiB), (2 * 3600, 52 * GiB), (3000, 50 * GiB)])
     _, reports = _run(values, budget=100 * GiB)
@@ -120,6 +137,24 @@ def test_a_staircase_about_once_per_period_on_a_tall_slow_triangle_is_found_step
     assert all(any(at - 2 <= s.t <= at + period for s in found) for at in steps if at > known)
     assert all(s.size == pytest.approx(0.8 * GiB, rel=0.25) for s in found)
     assert any(r.leak for r in reports)
+
+
+def test_a_staircase_denser_than_the_floor_window_is_found_step_by_step_sampled_every_5_s() -> None:
+    # a step about every 20 minutes on a 20-minute sawtooth: the floor over 1.5 periods rises by two steps
+    # at a time and slower than a step lifts it; the readings show each jump
+    period, rng = 1195, random.Random(7)
+    steps = [3000.0]
+    while len(steps) < 7:
+        steps.append(steps[-1] + rng.uniform(500, 1300))
+    times = range(0, 6 * 3600, 5)
+    values = [60 * GiB + 0.8 * GiB * ((t % period) / period) + 1.6 * GiB * sum(t >= at for at in steps)
+              + rng.gauss(0, 0.01 * GiB) for t in times]  # fmt: skip
+    det = LeakDetector(80 * GiB, 80 * GiB)
+    reports = [det.update(float(t), v) for t, v in zip(times, values)]
+    found = [s for s in reports[-1].steps if s.ended_by is None]
+    assert len(found) == len(steps)
+    for at, step in zip(steps, found):
+        assert at - 5 <= step.t <= at + 5 and step.size == pytest.approx(1.6 * GiB, rel=0.15)
 
 
 def test_a_step_near_the_end_of_a_log_counts_in_hindsight_when_its_jump_is_in_the_readings() -> None:

@@ -55,6 +55,7 @@ Pure: ``update(t, value)`` with time as an argument; no clock, no I/O.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, replace
@@ -65,7 +66,7 @@ from guardian.analysis.leak_rule import LeakParams, LeakReport, Step, judge
 from guardian.analysis.model_load import Load
 from guardian.analysis.noise import Noise
 from guardian.analysis.period import Excursions
-from guardian.analysis.step_shape import change_point, held_rises, jumps, rose_within, step_size
+from guardian.analysis.step_shape import change_point, held_rises, jumps, moved_within, step_size
 
 
 @dataclass
@@ -297,7 +298,7 @@ class LeakDetector:
             elif floor > c.plateau + k or floor < c.plateau - k:
                 quick = self._abrupt(window)
                 held = t - c.plateau_since >= min(hold, max(p.hold_seconds / 2, 4 * self._dt, window / 2))
-                if floor > c.plateau and held and rose_within(self._trace, self._level, c.plateau, quick):
+                if floor > c.plateau and held and moved_within(self._trace, self._level, c.plateau, quick):
                     new = self._confirm(t, c.plateau, window)  # a plateau, and another step on it: not a spike
                     self._candidate = _Candidate(t, floor, t)
                 else:
@@ -313,7 +314,7 @@ class LeakDetector:
             if floor < self._level - k:
                 self._below_since = self._below_since if self._below_since is not None else t
                 if t - self._below_since >= hold:
-                    self._give_back(t, floor)
+                    self._give_back(t, floor, window)
             else:
                 self._below_since = None
         return self._report(t, new)
@@ -361,9 +362,13 @@ class LeakDetector:
         level = self._level
         size = plateau - level
         self._level = plateau
-        if size < 1.5 * self._k() or not rose_within(self._trace, level, plateau, self._abrupt(window)):
-            return ()  # the floor crept up: drift, not a step
+        if size < 1.5 * self._k():
+            return ()
         found, visible = self._jumps(size, window, level)
+        # jumps the readings show are steps however slowly the floor followed (steps closer than
+        # its window lift it in stages); without them, a floor that rose slowly crept
+        if not found and not moved_within(self._trace, level, plateau, self._abrupt(window)):
+            return ()  # drift, not a step
         if not found and visible:
             return ()  # the readings would show a jump this big, and show none: the floor crept
         self._quiet_since = t
@@ -404,19 +409,31 @@ class LeakDetector:
         old floor leave it; a sawtooth's troughs leave it one by one), where a creep takes longer."""
         return max(0.5 * window, self.p.hold_seconds / 6, 6 * self._dt)
 
-    def _give_back(self, t: float, floor: float) -> None:
+    def _give_back(self, t: float, floor: float, window: float) -> None:
+        """The floor fell below the held steps: those whose middle it is under are given back.
+
+        Measured from where each step rose, not from the last level, so that a floor sinking by
+        degrees gives a step back once it has sunk by half of it in all.
+        """
         assert self._level is not None
+        # freed memory drops the floor at once; a floor that sank back over longer was the background
+        # (a sawtooth sampled slower than its period aliases into a slow one: up at once, down slowly)
+        sank = not moved_within(self._trace, self._level, floor, max(self._abrupt(window), window))
+        held = [i for i, step in enumerate(self._steps) if step.given_back_at is None]
         drop = self._level - floor
-        for i in range(len(self._steps) - 1, -1, -1):  # the newest held steps are given back first
+        # a fall the size of one recent step gives that one back (a spike that held a step inside it);
+        # otherwise the newest are given back first, each once the floor is under its middle
+        alike = [i for i in held[-4:] if abs(self._steps[i].size - drop) <= 0.25 * drop]
+        if alike:
+            chosen = [min(alike, key=lambda i: abs(self._steps[i].size - drop))]
+        else:
+            chosen = list(itertools.takewhile(
+                lambda i: floor <= self._steps[i].before + self._steps[i].size / 2, reversed(held)))  # fmt: skip
+        for i in chosen:
             step = self._steps[i]
-            if step.given_back_at is not None:
-                continue
-            if drop < step.size / 2:
-                break
-            why = "transient" if t - step.found_at <= self.p.regret_seconds else "freed"
+            why = "transient" if sank or t - step.found_at <= self.p.regret_seconds else "freed"
             self._steps[i] = replace(step, given_back_at=t, ended_by=why)
             self._ended.append(self._steps[i])
-            drop -= step.size
         self._level = floor
         self._below_since = None
         self._quiet_since = t

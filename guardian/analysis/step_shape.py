@@ -7,6 +7,7 @@ readings it sees, and lags them by a window).
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Iterable, Sequence
 
 Readings = Sequence[tuple[float, float]]
@@ -68,12 +69,14 @@ def change_point(raw: Readings, new_floor: float, size: float, window: float, si
     return next((s for s, v in raw if s >= start and v <= new_floor + margin), start)
 
 
-def rose_within(trace: Readings, level: float, plateau: float, seconds: float) -> bool:
+def moved_within(trace: Readings, level: float, plateau: float, seconds: float) -> bool:
     """The floor (``trace``: (t, floor)) went from a quarter to three quarters of the way from ``level``
-    to ``plateau`` within ``seconds``: abruptly, as a step lifts it, not as a creep does."""
-    size = plateau - level
-    low = next((s for s, v in reversed(trace) if v <= level + 0.25 * size), trace[0][0])
-    high = next((s for s, v in trace if s >= low and v >= level + 0.75 * size), trace[-1][0])
+    to ``plateau`` within ``seconds``: abruptly, as a step lifts it or freed memory drops it, not as a
+    creep or a background's slow return does. Either way up or down."""
+    sign = 1.0 if plateau >= level else -1.0
+    size = sign * (plateau - level)
+    low = next((s for s, v in reversed(trace) if sign * (v - level) <= 0.25 * size), trace[0][0])
+    high = next((s for s, v in trace if s >= low and sign * (v - level) >= 0.75 * size), trace[-1][0])
     return high - low <= seconds
 
 
@@ -83,23 +86,50 @@ def jumps(raw: Readings, level: float, size: float, tau: float) -> tuple[list[tu
     faster than the sampling).
 
     A rise is above ``tau`` (what noise does not make); one step sampled mid-rise shows as two
-    readings and counts once. Rises that do not add up to the floor's (a spike's among them) are
-    not used; the sizes are scaled to the floor's.
+    readings and counts once; a fall like an earlier rise gives it back (a spike with a step inside
+    it shows both of its jumps and the step's). Where they add up to more than the floor's rise, the oldest that make
+    it up are the ones the floor shows yet; rises that do not add up to it (a spike's among them)
+    are not used; the sizes are scaled to the floor's.
     """
     found: list[tuple[float, float]] = []
-    last = -2
+    last, sign = -2, 0.0
     for i in range(1, len(raw)):
-        rise = raw[i][1] - raw[i - 1][1]
-        if last == i - 1 and rise > tau / 3:
-            found[-1] = (found[-1][0], found[-1][1] + rise)
+        move = raw[i][1] - raw[i - 1][1]
+        if last == i - 1 and sign * move > tau / 3:
+            found[-1] = (found[-1][0], found[-1][1] + move)
             last = i
-        elif rise > tau:
-            found.append((raw[i][0], rise))
-            last = i
-    found = held_rises(found, raw, level)
+        elif abs(move) > tau:
+            found.append((raw[i][0], move))
+            last, sign = i, (1.0 if move > 0 else -1.0)
+    found = held_rises(_unmatched_rises(found), raw, level)
     visible = tau < 0.6 * size
     total = sum(r for _, r in found)
+    if total > 1.5 * size:
+        # a staircase denser than the floor's window: the floor has risen by its oldest steps so far
+        sums = list(accumulate(r for _, r in found))
+        n = min(range(len(sums)), key=lambda i: abs(sums[i] - size)) + 1
+        found, total = found[:n], sums[n - 1]
     if not 0.6 * size <= total <= 1.5 * size:
         # spikes or sawtooth teeth among them: not these, but a jump seen is still a jump
         return [], visible and not any(r >= 0.5 * size for _, r in found)
     return [(when, rise * size / total) for when, rise in found], visible
+
+
+def _unmatched_rises(moves: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The rises no later fall of about their size gave back, oldest first.
+
+    Only a fall of its own: where falls alike repeat (a sawtooth's teeth), one of them says
+    nothing of the rise before it.
+    """
+    falls = [-m for _, m in moves if m < 0]
+    rises: list[tuple[float, float]] = []
+    for when, move in moves:
+        if move > 0:
+            rises.append((when, move))
+            continue
+        if sum(1 for f in falls if 0.67 * f <= -move <= 1.5 * f) >= 3:
+            continue
+        alike = [i for i, (_, r) in enumerate(rises) if 0.67 * r <= -move <= 1.5 * r]
+        if alike:
+            del rises[min(alike, key=lambda i: abs(rises[i][1] + move))]
+    return rises
