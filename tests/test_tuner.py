@@ -187,6 +187,13 @@ def test_without_a_gateway_batch_moves_are_restarts_on_max_num_seqs() -> None:
     assert [(m.kind, m.new) for _, m in moves] == [("max_num_seqs", 12)]  # after pinned_seconds, one step
 
 
+def test_without_a_gateway_an_engine_whose_max_num_seqs_is_unknown_is_not_restarted_smaller() -> None:
+    slow = Limits(hardware_cap=24, fast=False, speculation_allowed=True, speculative_config=None)
+    state, moves, holds = run(tuner.initial(None, False, slow), steady(0.3, 12, queued=0), limits=slow)
+    assert moves == [] and state.max_num_seqs is None  # it may run vLLM's default 256: 18 would cut it
+    assert "--max-num-seqs unknown, so not lowered by a restart" in holds[-1]
+
+
 def test_initial_state_starts_where_the_engine_is_and_the_hardware_cap_never_cuts_it() -> None:
     assert tuner.initial(None, False, FAST).batch == 24  # nothing known: the GPU's cap
     assert tuner.initial(8, True, FAST).batch == 8

@@ -344,6 +344,10 @@ def _rules(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits, 
             lower = max(p.min_batch, s.batch - step_size(s.batch, p.step_ratio))
             if limits.fast:
                 return moved("batch", s.batch, lower, "p99_over_slo", False, batch=lower, trial=("p99", best, s.batch))
+            if s.max_num_seqs is None:
+                # what the engine runs is not known (vLLM's default may be 256): a restart at a smaller
+                # guess could cut it tenfold
+                return Step(s, hold="p99 over the objective; --max-num-seqs unknown, so not lowered by a restart")
             if can_restart:
                 return moved("max_num_seqs", s.max_num_seqs, lower, "p99_over_slo", True, batch=lower, max_num_seqs=lower)
             return Step(s, hold=slow_hold("a smaller batch"))
