@@ -114,7 +114,7 @@ class Pipeline:
             self.states.setdefault(section.name, EngineState())
         self.trackers = trackers
         self.states = {name: self.states[name] for name in trackers}
-        self._tuner_params = config.tuner.params if config.tuner.enabled else None  # built once per config, read every poll
+        self._tuner_params = config.tuner.params if config.tuner else None  # built once per config, read every poll
         self._base_args = {e.name: config.base_args(e) for e in config.engines}  # presets validated once, not per poll
         self._cap_params = concurrency.CapParams(
             config.gateway.concurrency, full_kv_usage_ratio=config.breaker.l2_enter_kv_usage_ratio,
@@ -179,7 +179,7 @@ class Pipeline:
                              sum(energies) if energies and None not in energies else None)  # type: ignore[arg-type]  # fmt: skip
         ts = self.tuners.get(name)
         if ts is not None:
-            q = sig.latency.get(self.config.tuner.slo.metric)
+            q = sig.latency.get(self.config.tuner.slo.metric if self.config.tuner else "ttft")
             self.marginals.setdefault(name, MarginalWatch()).update(
                 sample.t, ts.batch, sig.kv_cache_usage, sig.generation_tokens_per_second, q.p99 if q else None)
         return cost
@@ -196,6 +196,7 @@ class Pipeline:
     def _tune(self, name: str, sample: Sample, sig: EngineSignals, e: Evidence, memory: MemoryReport) -> list[Action]:
         """The tuner's poll for one engine: a fast move is a ``tune`` action (the gateway's cap), a slow one a restart."""
         tc = self.config.tuner
+        assert tc is not None
         state = self.states[name]
         gpus = engine_gpus(sample, memory, name) or list(sample.nvml.gpus[:1])
         gpu_name = gpus[0].name if gpus else None
@@ -216,8 +217,7 @@ class Pipeline:
         if ts is None:  # first poll (or restored): the gateway's cap becomes the tuner's batch
             running = overlay(base, state.tuned)  # what the engine was started with, as far as guardian knows
             seqs = running.get("max-num-seqs")
-            ts = tuner.initial(seqs if isinstance(seqs, int) else None, "speculative-config" in running, limits,
-                               gw.concurrency if gw else None)  # fmt: skip
+            ts = tuner.initial(seqs if isinstance(seqs, int) else None, "speculative-config" in running, limits)
         if name not in self.tuner_holds and limits.fast:
             actions.append(Action("tune", name, int(state.breaker.level), "start", {"batch": ts.batch, "was": None}))
         load = sample.gateway_load(name)
