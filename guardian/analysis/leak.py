@@ -40,9 +40,14 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    that proves the step (above the old readings' top), else the first on
    the new floor; never the start of the flank it may sit on.
 5. **Given back.** The envelope below the floor for a hold gives the newest
-   steps back: ``transient`` if that happens within ``regret_seconds`` of
-   their finding (a long spike, a tooth), ``freed`` otherwise; a fall of
-   ``restart_drop_ratio`` is a restart and gives back everything (``restart``).
+   steps back, each once it is under the step's middle (so a floor sinking
+   by degrees gives it back too), or the one recent step the fall is the
+   size of (a spike that held a step inside it leaves the step):
+   ``transient`` if that happens within ``regret_seconds`` of their finding
+   (a long spike, a tooth) or the floor sank back slowly rather than fell
+   (an aliased sawtooth: up at once, down for hours), ``freed`` otherwise;
+   a fall of ``restart_drop_ratio`` is a restart and gives back everything
+   (``restart``).
 
 Why an envelope rather than a CUSUM on a median, or a regression
 (``predict_linear``): both see a sawtooth's flank as a rise and a spike as

@@ -87,9 +87,9 @@ def jumps(raw: Readings, level: float, size: float, tau: float) -> tuple[list[tu
 
     A rise is above ``tau`` (what noise does not make); one step sampled mid-rise shows as two
     readings and counts once; a fall like an earlier rise gives it back (a spike with a step inside
-    it shows both of its jumps and the step's). Where they add up to more than the floor's rise, the oldest that make
-    it up are the ones the floor shows yet; rises that do not add up to it (a spike's among them)
-    are not used; the sizes are scaled to the floor's.
+    it shows both of its jumps and the step's). Where they add up to more than the floor's rise,
+    the oldest that make it up are the ones the floor shows yet; rises that do not add up to it
+    (a spike's among them) are not used; the sizes are scaled to the floor's.
     """
     found: list[tuple[float, float]] = []
     last, sign = -2, 0.0
@@ -127,9 +127,14 @@ def _unmatched_rises(moves: list[tuple[float, float]]) -> list[tuple[float, floa
         if move > 0:
             rises.append((when, move))
             continue
-        if sum(1 for f in falls if 0.67 * f <= -move <= 1.5 * f) >= 3:
+        if sum(1 for f in falls if _alike(-move, f)) >= 3:
             continue
-        alike = [i for i, (_, r) in enumerate(rises) if 0.67 * r <= -move <= 1.5 * r]
+        alike = [i for i, (_, r) in enumerate(rises) if _alike(-move, r)]
         if alike:
             del rises[min(alike, key=lambda i: abs(rises[i][1] + move))]
     return rises
+
+
+def _alike(a: float, b: float) -> bool:
+    """Two moves of about one size: one could be the other given back."""
+    return 0.67 * b <= a <= 1.5 * b
