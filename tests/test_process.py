@@ -11,6 +11,7 @@ import pytest
 from guardian.analysis.engine_stats import EngineTracker
 from guardian.config import ProcessSection
 from guardian.sample import EngineReading, ProcReading
+from guardian.sources import process
 from guardian.sources.process import ProcessSource
 
 SLEEPER = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)  # guardian-test-tree"]
@@ -41,9 +42,13 @@ def test_the_numbers_read_from_proc_are_the_ones_psutil_gives(tree: subprocess.P
     pid_file.write_text(f"{tree.pid}\n")
     readings, _ = ProcessSource(ProcessSection(pid_file=pid_file)).read()
     for reading in readings:
+        boot = psutil.boot_time()  # read again, and before the Process (which computes its start time at once)
         proc = psutil.Process(reading.pid)
         cpu = proc.cpu_times()
-        assert reading.start_time == pytest.approx(proc.create_time(), abs=0.02)  # a restart is a new start time: same clock
+        # a restart is a new start time: the same ticks since boot as psutil's (each adds the boot time read from
+        # the wall clock when it was asked: a clock stepped by NTP since guardian started moves psutil's, not ours)
+        since_boot = proc.create_time() - boot
+        assert reading.start_time - process._BOOT_TIME == pytest.approx(since_boot, abs=0.02)
         assert reading.rss_bytes == pytest.approx(proc.memory_info().rss, rel=0.05)  # stat's count, statm's within pages
         assert reading.cpu_seconds == pytest.approx(cpu.user + cpu.system, abs=0.05)
         assert reading.name == proc.name() and "guardian-test-tree" in (reading.cmdline or "") or reading.pid != tree.pid
