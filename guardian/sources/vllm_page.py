@@ -75,7 +75,7 @@ def cores_from_page(page: Page) -> tuple[CoreReading, ...]:
                 continue
             for labels, value in entries:
                 target = core(labels)
-                if _finite(value):
+                if math.isfinite(value):
                     # several series per core (finished_reason, …) add up
                     target[field_name] = float(target.get(field_name) or 0.0) + value  # type: ignore[arg-type]
             break
@@ -147,7 +147,3 @@ def _layout(labels: list[Labels]) -> list[tuple[tuple[str, str], tuple[float, ..
 
 def _series(labels: Labels) -> tuple[str, str]:
     return labels.get("engine", ""), labels.get("model_name", "")
-
-
-def _finite(value: float) -> bool:
-    return not (math.isnan(value) or math.isinf(value))
