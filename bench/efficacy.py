@@ -1,6 +1,6 @@
 """Protection, measured: every scenario with and without guardian, in simulated time, through guardian's own code.
 
-    python bench/efficacy.py [--seeds 3] [--jobs 2] [--only burst flood] [--minutes M] [--tuner]
+    python bench/efficacy.py [--seeds 3] [--jobs 2] [--only burst flood] [--minutes M] [--no-tuner]
 
 One simulated GPU host (``guardian/sim/host.py``: model loads of 30–180 s,
 out-of-memory deaths, leaks that live in a process, systemd's restart 10 s
@@ -18,8 +18,8 @@ through its launcher's word, into the same ``Pipeline``; the decisions go
 to the same ``Executor``, whose drained restarts run the same
 ``DrainedRestart`` against a systemd launcher of the simulated unit; the
 clients go through the same ``GatewayServer`` admission path
-(``seat``/``leave``) that ``guardian run``'s gateway serves. ``--tuner``
-adds ``[tuner]`` with its defaults (off unless configured). Only the bytes
+(``seat``/``leave``) that ``guardian run``'s gateway serves. The tuner is
+on, as by default; ``--no-tuner`` runs guarded with ``[tuner] enabled = false``. Only the bytes
 are missing: no sockets, no JSON. Everything runs on a virtual-time event
 loop (``guardian/sim/virtual_loop.py``), so a run is exactly repeatable.
 
@@ -148,7 +148,7 @@ CASES = {
 
 
 class Run:
-    def __init__(self, case: Case, mode: Mode, calm: bool, seed: int, state_dir: Path, tuner: bool = False) -> None:
+    def __init__(self, case: Case, mode: Mode, calm: bool, seed: int, state_dir: Path, tuner: bool = True) -> None:
         self.case = case.calm(case) if calm else case
         self.mode = mode
         self.tuner = tuner
@@ -296,7 +296,7 @@ class Run:
         config = cfg.Config(
             guardian=cfg.GuardianSection(state_dir=self.state_dir),
             gateway=cfg.GatewaySection(),
-            tuner=cfg.TunerSection() if self.tuner else None,
+            tuner=cfg.TunerSection(enabled=self.tuner),
             engines=[cfg.EngineSection(name=ENGINE, url=URL)],
         )
         self.pipeline = Pipeline(config, HOST_MEMORY)
@@ -375,13 +375,13 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, help="shorten every scenario to this many simulated minutes")
     ap.add_argument("--only", nargs="*", choices=list(CASES), help="run only these scenarios")
     ap.add_argument("--pages", action="store_true", help="print every page guardian sent")
-    ap.add_argument("--tuner", action="store_true", help="guarded runs with [tuner] at its defaults too")
+    ap.add_argument("--no-tuner", action="store_true", help="guarded runs with [tuner] enabled = false")
     args = ap.parse_args()
     names = args.only or list(CASES)
-    jobs = [(n, m, calm, args.seed + k, args.minutes, args.tuner) for n in names for m in ("unguarded", "guarded")
+    jobs = [(n, m, calm, args.seed + k, args.minutes, not args.no_tuner) for n in names for m in ("unguarded", "guarded")
             for calm in (False, True) for k in range(args.seeds)]  # fmt: skip
     print(f"{len(jobs)} runs ({len(names)} scenarios x 2 modes x calm twin x {args.seeds} seeds), {args.jobs} at a time; "
-          f"guarded: guardian's defaults{' and [tuner] with its defaults' if args.tuner else ' (no [tuner])'}", flush=True)
+          f"guarded: guardian's defaults{' with [tuner] enabled = false' if args.no_tuner else ' (the tuner on)'}", flush=True)
     results: list[Result] = []
     with ProcessPoolExecutor(args.jobs) as pool:
         for res in pool.map(run_one, jobs):

@@ -94,7 +94,7 @@ async def measure_polls(ports: list[int], gpus: int, polls: int, pid_file: Path,
             cfg.EngineSection(name=f"e{i}", url=f"http://127.0.0.1:{p}", process=cfg.ProcessSection(pid_file=pid_file))
             for i, p in enumerate(ports)
         ],
-        tuner=cfg.TunerSection() if tuner else None,  # the tuner's stage (and the cost model's, always on)
+        tuner=cfg.TunerSection(enabled=tuner),  # the tuner's stage (and the cost model's, always on)
     )
     daemon = Daemon(config, nvml_module=nvml, notifier=Notifier(address=""))
     await daemon.start()

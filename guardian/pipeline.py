@@ -95,7 +95,7 @@ class Pipeline:
         self.tuner_holds: dict[str, str | None] = {}  # why the tuner did not move, when it wanted to
         self.costs: dict[str, CostWindow] = {}
         self.marginals: dict[str, MarginalWatch] = {}
-        self.caps: dict[str, concurrency.CapState] = {}  # the gateway's cap per engine, where the tuner does not set it
+        self.caps: dict[str, concurrency.CapState] = {}  # the gateway's cap per engine: the KV pool's measure, under the tuner's batch
         self.config = config
         self._past = EvidenceMemory()
         self._memory = MemoryWatch(config.leak, config.fragmentation.kv_pool_share, host_memory_bytes)
@@ -114,7 +114,7 @@ class Pipeline:
             self.states.setdefault(section.name, EngineState())
         self.trackers = trackers
         self.states = {name: self.states[name] for name in trackers}
-        self._tuner_params = config.tuner.params if config.tuner else None  # built once per config, read every poll
+        self._tuner_params = config.tuner.params if config.tuner.enabled else None  # built once per config, read every poll
         self._base_args = {e.name: config.base_args(e) for e in config.engines}  # presets validated once, not per poll
         self._cap_params = concurrency.CapParams(
             config.gateway.concurrency, full_kv_usage_ratio=config.breaker.l2_enter_kv_usage_ratio,
@@ -143,27 +143,50 @@ class Pipeline:
             self.states[name] = out.state
             transitions += [(name, tr) for tr in out.transitions]
             actions += out.actions
-            if self.config.tuned(name):
-                actions += self._tune(name, sample, sig, e, memory)
+            tuned = self._tune(name, sample, sig, e, memory) if self.config.tuned(name) else []
+            raised = any(a.kind == "tune" and (a.details.get("was") or 0) < a.details["batch"] for a in tuned)
+            capped = self._cap(name, sample, sig, raised)
+            if any(a.kind == "tune" for a in tuned):  # the tuner's move carries the cap the pool allows under its batch
+                actions += [self._with_cap(a) for a in tuned]
             else:
-                actions += self._cap(name, sample, sig)
+                actions += tuned + capped
         costs = {name: self._cost(name, sample, sig, memory) for name, sig in signals.items()}
         decision = Decision(sample.t, sample.wall, tuple(transitions), tuple(actions), finished)
         return PollResult(signals, memory, seen, decision, costs)
 
-    def _cap(self, name: str, sample: Sample, sig: EngineSignals) -> list[Action]:
-        """The gateway's cap follows what the engine's KV pool holds (``policy/concurrency.py``)."""
+    def _cap(self, name: str, sample: Sample, sig: EngineSignals, raised: bool = False) -> list[Action]:
+        """The gateway's cap follows what the engine's KV pool holds (``policy/concurrency.py``), under the tuner's batch.
+
+        The tuner's batch is a ceiling, not the cap: a batch the P99 allows can still overflow
+        the pool when prompts grow (a burst of long ones), and then the pool's measure is the
+        smaller. (The tuner alone at the cap let a burst preempt the high lane to 10x its P99:
+        ``bench/efficacy.py``'s burst.) A batch the tuner ``raised`` (a queue held back with P99
+        inside and nothing preempted) lifts the cap with it at once; a full pool cuts it again.
+        """
         params, load = self._cap_params, sample.gateway_load(name)
         if params is None or load is None:
             return []
+        ts = self.tuners.get(name)
+        if ts is not None:
+            params = replace(params, ceiling=ts.batch)
         was = self.caps.get(name) or concurrency.CapState(load.cap)
+        before = was.cap
+        if was.cap > params.ceiling or raised:  # the tuner's batch moved: the cap with it, at once
+            was = concurrency.CapState(params.ceiling, sample.t)
         pressure = concurrency.Pressure(sig.running, sig.waiting, sig.kv_cache_usage, sig.preemptions_per_second,
                                         load.in_flight, load.queued)  # fmt: skip
         now, why = concurrency.step(was, pressure, sample.t, params)
         self.caps[name] = now
-        if why is None:
+        if now.cap == before:
             return []
-        return [Action("tune", name, int(self.states[name].breaker.level), why, {"batch": now.cap, "was": was.cap})]
+        return [Action("tune", name, int(self.states[name].breaker.level), why or "tuner_batch", {"batch": now.cap, "was": before})]
+
+    def _with_cap(self, a: Action) -> Action:
+        """A tuner's batch move sets the gateway's cap to what the pool allows under it (``cap``)."""
+        cap = self.caps.get(a.engine)
+        if a.kind != "tune" or cap is None:
+            return a
+        return replace(a, details={**a.details, "cap": cap.cap})
 
     def _cost(self, name: str, sample: Sample, sig: EngineSignals, memory: MemoryReport) -> Cost:
         """GPU memory per token and tokens per joule over the last minutes; a larger batch judged once it settled."""
@@ -179,7 +202,7 @@ class Pipeline:
                              sum(energies) if energies and None not in energies else None)  # type: ignore[arg-type]  # fmt: skip
         ts = self.tuners.get(name)
         if ts is not None:
-            q = sig.latency.get(self.config.tuner.slo.metric if self.config.tuner else "ttft")
+            q = sig.latency.get(self.config.tuner.slo.metric)
             self.marginals.setdefault(name, MarginalWatch()).update(
                 sample.t, ts.batch, sig.kv_cache_usage, sig.generation_tokens_per_second, q.p99 if q else None)
         return cost
@@ -196,7 +219,6 @@ class Pipeline:
     def _tune(self, name: str, sample: Sample, sig: EngineSignals, e: Evidence, memory: MemoryReport) -> list[Action]:
         """The tuner's poll for one engine: a fast move is a ``tune`` action (the gateway's cap), a slow one a restart."""
         tc = self.config.tuner
-        assert tc is not None
         state = self.states[name]
         gpus = engine_gpus(sample, memory, name) or list(sample.nvml.gpus[:1])
         gpu_name = gpus[0].name if gpus else None
@@ -217,7 +239,8 @@ class Pipeline:
         if ts is None:  # first poll (or restored): the gateway's cap becomes the tuner's batch
             running = overlay(base, state.tuned)  # what the engine was started with, as far as guardian knows
             seqs = running.get("max-num-seqs")
-            ts = tuner.initial(seqs if isinstance(seqs, int) else None, "speculative-config" in running, limits)
+            ts = tuner.initial(seqs if isinstance(seqs, int) else None, "speculative-config" in running, limits,
+                               gw.concurrency if gw else None)  # fmt: skip
         if name not in self.tuner_holds and limits.fast:
             actions.append(Action("tune", name, int(state.breaker.level), "start", {"batch": ts.batch, "was": None}))
         load = sample.gateway_load(name)

@@ -268,6 +268,12 @@ def test_example_gateway_table_validates_once_uncommented() -> None:
     assert gateway.buckets[0].engines == ["llama-8b"] and gateway.buckets[2].preemptible
 
 
+def test_the_tuner_is_on_by_default_and_off_with_enabled_false() -> None:
+    engines = '[[engines]]\nname = "a"\nurl = "http://127.0.0.1:8000"\n'
+    assert cfg.loads(engines).tuned("a")
+    assert not cfg.loads(engines + "[tuner]\nenabled = false\n").tuned("a")
+
+
 def test_example_tuner_table_validates_once_uncommented() -> None:
     lines = (ROOT / "systemd" / "guardian.toml").read_text().splitlines()
     start = lines.index("# [tuner]")

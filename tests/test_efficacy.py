@@ -42,8 +42,8 @@ def test_another_process_growing_on_the_gpu_pages_naming_it_and_vllm_is_not_rest
 
 
 def test_an_engine_started_too_small_is_restarted_once_by_the_tuner_and_then_serves_within_the_slo(efficacy: ModuleType) -> None:
-    untuned = efficacy.run_one(("too-small", "guarded", False, 1, 12.0, False))
-    tuned = efficacy.run_one(("too-small", "guarded", False, 1, 12.0, True))  # [tuner] present, every key at its default
+    untuned = efficacy.run_one(("too-small", "guarded", False, 1, 12.0, False))  # [tuner] enabled = false
+    tuned = efficacy.run_one(("too-small", "guarded", False, 1, 12.0, True))  # guardian's defaults: the tuner on
     assert untuned.late_good / untuned.late_sent < 0.1  # --max-num-seqs 4 cannot serve 5 req/s: the harm is real
     assert dict(tuned.restarts) == {"tune_max_num_seqs": 1} and tuned.cut_by_restart == 0
     assert tuned.late_good / tuned.late_sent >= 0.9  # what is sent after the first ten minutes gets its first token in time

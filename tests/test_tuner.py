@@ -194,10 +194,18 @@ def test_without_a_gateway_an_engine_whose_max_num_seqs_is_unknown_is_not_restar
     assert "--max-num-seqs unknown, so not lowered by a restart" in holds[-1]
 
 
-def test_initial_state_starts_at_the_engine_limit_or_the_hardware_cap() -> None:
-    assert tuner.initial(None, False, FAST).batch == 24
+def test_initial_state_starts_where_the_engine_is_and_the_hardware_cap_never_cuts_it() -> None:
+    assert tuner.initial(None, False, FAST).batch == 24  # nothing known: the GPU's cap
     assert tuner.initial(8, True, FAST).batch == 8
-    assert tuner.initial(256, False, FAST).batch == 24
+    assert tuner.initial(256, False, FAST).batch == 256  # an engine serving more than the table's 24 keeps it
+    assert tuner.initial(256, False, FAST, gateway_cap=64).batch == 64  # the gateway's cap, where it is lower
+    assert tuner.initial(None, False, FAST, gateway_cap=64).batch == 64
+
+
+def test_a_batch_above_the_hardware_cap_is_not_raised_further() -> None:
+    # a queue held by the batch with P99 inside raises a batch under the cap (the test below); not this one
+    state, moves, _ = run(tuner.initial(256, False, FAST, gateway_cap=64), steady(0.15, 400, util=1.0))
+    assert moves == [] and state.batch == 64
 
 
 def test_state_survives_the_disk_round_trip() -> None:

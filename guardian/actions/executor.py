@@ -130,7 +130,7 @@ class Executor:
         if action.kind == "gates":
             outcome = await self.gateway.set_gates(action.engine, Gates.for_level(action.level, action.reason, action.details.get("shut")))
         elif action.kind == "tune":
-            outcome = await self.gateway.set_cap(action.engine, int(action.details["batch"]))
+            outcome = await self.gateway.set_cap(action.engine, int(action.details.get("cap", action.details["batch"])))
         else:
             outcome = (
                 await act.admin.reset_prefix_cache()

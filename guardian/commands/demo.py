@@ -61,7 +61,8 @@ def demo_config(cluster: SimCluster, port: int, interval: float, state_dir: Path
         breaker=dataclasses.replace(DEMO_BREAKER, **cluster.scenario.breaker),  # type: ignore[arg-type]
         actions=DEMO_ACTIONS,
         gateway=cfg.GatewaySection(listen="127.0.0.1:0", queue_deadline_seconds=60.0),
-        tuner=cfg.TunerSection.model_validate(cluster.scenario.tuner) if cluster.scenario.tuner is not None else None,
+        # a scenario without a tuner shows its own story: the tuner's restarts would be another one
+        tuner=cfg.TunerSection.model_validate(cluster.scenario.tuner if cluster.scenario.tuner is not None else {"enabled": False}),
         engines=[
             cfg.EngineSection(
                 name=f"sim{i}",

@@ -98,7 +98,7 @@ def build(config: cfg.Config, header: dict[str, Any] | None, records: list[dict[
         for g in sample.nvml.gpus:
             tl.gpus.setdefault(g.index, []).append((g.memory_used_bytes, g.memory_total_bytes))
             tl.gpu_names[g.index] = g.name
-        metric = config.tuner.slo.metric if config.tuner else "ttft"
+        metric = config.tuner.slo.metric
         for name, sig in result.signals.items():
             q = sig.latency.get(metric)
             ts = pipeline.tuners.get(name)
@@ -153,7 +153,7 @@ def _when(wall: float) -> str:
 
 def render(tl: Timeline, config: cfg.Config, source: str) -> str:
     hours = (tl.walls[-1] - tl.walls[0]) / 3600
-    metric = config.tuner.slo.metric if config.tuner else "ttft"
+    metric = config.tuner.slo.metric
     lines = [f"guardian report: {_when(tl.walls[0])} -> {_when(tl.walls[-1])} ({hours:.2f} h, {len(tl.walls)} polls) from {source}"]
     for index, readings in sorted(tl.gpus.items()):
         used = [u for u, _ in readings if u is not None]
@@ -281,7 +281,7 @@ def plot(tl: Timeline, config: cfg.Config, out: Path, inspect: Callable[[str, An
     for slo in sorted(set(tl.slo.values())):
         ax.axhline(slo * 1000, color="black", ls="--", lw=1, label=f"SLO {slo * 1000:g} ms")
     restarts(ax)
-    metric = config.tuner.slo.metric if config.tuner else "ttft"
+    metric = config.tuner.slo.metric
     ax.set(title=f"P99 {metric} vs the SLO (grey dashed: restarts)", xlabel=xlabel, ylabel="ms")
     if drawn:
         ax.set_yscale("log")

@@ -36,8 +36,8 @@ def main(args: argparse.Namespace) -> int:
     config = load_or_exit(args.config) if args.config is not None else cfg.Config()
     logs.configure("console", "warning")
     t = config.tune
-    speculative = dict(config.tuner.speculative_config) if config.tuner and config.tuner.speculative_config else None
-    configured = config.tuner.slo.target_seconds if config.tuner else None
+    speculative = dict(config.tuner.speculative_config) if config.tuner.speculative_config else None
+    configured = config.tuner.slo.target_seconds
     slo = args.slo_ms / 1000 if args.slo_ms else (configured or OFFLINE_SLO_SECONDS)
     section = next((e for e in config.engines if e.name == args.engine), None)
     if section is None and args.engine != "sim":

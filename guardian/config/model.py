@@ -31,7 +31,7 @@ class Config(Section):
     actions: ActionsSection = ActionsSection()
     notify: NotifySection = NotifySection()
     gateway: GatewaySection | None = None
-    tuner: TunerSection | None = None
+    tuner: TunerSection = TunerSection()
     tune: TuneSection = TuneSection()
     leak: LeakParams = LeakParams()
     fragmentation: FragmentationSection = FragmentationSection()
@@ -66,7 +66,7 @@ class Config(Section):
         known = sorted(set(BUILTIN_PRESETS) | set(self.presets))
         found = [(f"engines[{i}].preset {engine.preset!r} is not a preset", f"use one of {', '.join(known)}")
                  for i, engine in enumerate(self.engines) if engine.preset is not None and engine.preset not in known]  # fmt: skip
-        if self.tuner is not None:
+        if self.tuner.enabled:
             names = {e.name for e in self.engines}
             unknown = [e for e in self.tuner.engines if e not in names]
             if unknown:
@@ -84,7 +84,7 @@ class Config(Section):
         return {**layer, **(engine.restart.args if engine.restart else {})}
 
     def tuned(self, name: str) -> bool:
-        return self.tuner is not None and (not self.tuner.engines or name in self.tuner.engines)
+        return self.tuner.enabled and (not self.tuner.engines or name in self.tuner.engines)
 
     @field_validator("engines")
     @classmethod

@@ -52,8 +52,14 @@ class WindowSection(Section):
 
 
 class TunerSection(Section):
-    """The tuner: batch (the gateway's cap) and speculation, against the SLO. Present: on."""
+    """The tuner: batch (the gateway's cap) and speculation, against the SLO. On unless ``enabled = false``.
 
+    On by default because an engine started too small (a ``--max-num-seqs`` below what the
+    GPU serves) is the commonest lost capacity, and only the tuner raises it; its objective is
+    derived from the engine's own latency, and the GPU's batch cap only bounds its raises.
+    """
+
+    enabled: bool = True  # false: the gateway's cap follows the KV pool and nothing restarts for tuning
     engines: list[str] = []  # the engines to tune; empty: all
     slo: SloSection = SloSection()
     classes: dict[Literal["high", "low"], ClassSection] = {

@@ -174,7 +174,7 @@ def gateway_settings(config: cfg.Config) -> GatewaySettings:
         queue_size=g.queue_size, queue_deadline_seconds=g.queue_deadline_seconds, restart_hold_seconds=g.restart_hold_seconds,
         priority_header=g.priority_header.lower(),
         high_priority_keys=keys, inject_priority=g.inject_priority, high_priority_engines=tuple(g.high_priority_engines),
-        priorities=tuple((str(lane), c.priority) for lane, c in config.tuner.classes.items()) if config.tuner else GatewaySettings.priorities,
+        priorities=tuple((str(lane), c.priority) for lane, c in config.tuner.classes.items()),
         extra_paths=tuple(g.extra_paths),
         max_body_bytes=g.max_body_bytes,
         listener=g.listener_limits,

@@ -5,8 +5,8 @@ whole: vLLM admits sequences until its KV pool is full, then preempts and
 recomputes them, and every request in it slows down, the urgent ones too.
 Past the number of sequences the pool holds, requests are better off in
 the gateway's queue, where the high lane goes first and a deadline can be
-told to the client. So, each poll (without the tuner, which owns the cap
-when configured):
+told to the client. So, each poll (under the tuner's batch, when the tuner
+is on: its batch is this cap's ceiling):
 
 - the engine has requests waiting while its pool is full or it preempts:
   the cap comes down to the sequences it runs (the pool's measure of what
@@ -15,7 +15,7 @@ when configured):
   queued: the low lane stops short of it, see ``gateway/admission.py``), the pool has
   room, nothing waits inside the engine and nothing was preempted lately:
   the cap grows by a tenth (at least one) every ``grow_every_seconds``, up
-  to the configured concurrency.
+  to the ceiling (the configured concurrency, or the tuner's batch).
 
 Additive growth, a cut to what fits: the cap settles where the pool is full
 without queueing or preempting, and follows it as prompts get longer or

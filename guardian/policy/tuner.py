@@ -1,8 +1,9 @@
 """The tuner: an engine's batch and speculation, steered against P99 and GPU utilisation.
 
-Two speeds. The fast loop moves the *effective batch*: the admission
-gateway's concurrency cap for the engine, changed at once and without a
-restart. The slow loop changes what vLLM fixes at start (``--max-num-seqs``,
+Two speeds. The fast loop moves the *effective batch*: the ceiling of the
+admission gateway's concurrency cap for the engine (the cap itself follows
+the KV pool under it, ``policy/concurrency.py``), changed at once and
+without a restart. The slow loop changes what vLLM fixes at start (``--max-num-seqs``,
 ``--speculative-config``) by a drained restart, and only when it must: the
 fast loop is pinned at the engine's own limit for ``pinned_seconds``, or
 speculation should change. Slow moves need an open window (cron), room in the
@@ -192,9 +193,15 @@ class Step:
     hold: str | None = None  # why nothing moved, when something wanted to
 
 
-def initial(max_num_seqs: int | None, speculation: bool, limits: Limits) -> TunerState:
-    """Start where the engine is: at its own limit, or the hardware cap if that is lower."""
-    batch = min(limits.hardware_cap, max_num_seqs or limits.hardware_cap)
+def initial(max_num_seqs: int | None, speculation: bool, limits: Limits, gateway_cap: int | None = None) -> TunerState:
+    """Start where the engine is: at its own limit, or the gateway's cap if that is lower.
+
+    The GPU's batch cap bounds raises only: an engine already serving more than it does keeps
+    its batch until its P99 says otherwise (the tuner is on by default, and must not cut a
+    well-sized engine to a table's number). With neither known, the hardware cap.
+    """
+    known = [n for n in (max_num_seqs, gateway_cap) if n is not None]
+    batch = min(known) if known else limits.hardware_cap
     return TunerState(batch=batch, max_num_seqs=max_num_seqs, speculation=speculation)
 
 
