@@ -82,6 +82,35 @@ def test_a_bigger_batch_means_slower_tokens_but_more_throughput() -> None:
     assert tokens_100 > 10 * tokens_1
 
 
+def test_long_prefill_token_threshold_lets_a_short_prompt_past_a_long_prefill_as_vllm_v1_does() -> None:
+    def first_token(threshold: int) -> tuple[float, float]:
+        engine = EngineModel(EngineParams(long_prefill_token_threshold=threshold, prefix_cache_hit_ratio=0.0), seed=5)
+        long = SimRequest(prompt_tokens=40000, max_tokens=10, arrival=0)
+        short = SimRequest(prompt_tokens=200, max_tokens=10, arrival=0.05)
+        engine.submit(long)
+        engine.advance(0.05)
+        engine.submit(short)
+        engine.advance(5)
+        assert long.first_token_at is not None and short.first_token_at is not None
+        return short.first_token_at - short.arrival, long.first_token_at
+
+    short_uncapped, long_uncapped = first_token(0)
+    short_capped, long_capped = first_token(1024)
+    assert short_uncapped > 1.0  # the 40k prefill takes every step's 8192-token budget until it is done
+    # the step under way when it came (the long one alone: the whole budget), then one step beside 1024 of the long one
+    assert short_capped < 0.45
+    assert long_capped > long_uncapped  # what it costs: more steps for the long prompt
+
+    def alone(threshold: int) -> float | None:
+        engine = EngineModel(EngineParams(long_prefill_token_threshold=threshold, prefix_cache_hit_ratio=0.0), seed=5)
+        lone = SimRequest(prompt_tokens=40000, max_tokens=10, arrival=0)
+        engine.submit(lone)
+        engine.advance(5)
+        return lone.first_token_at
+
+    assert alone(1024) == alone(0)  # alone, a prompt still takes the whole budget
+
+
 def test_priority_policy_serves_lower_values_first() -> None:
     engine = EngineModel(EngineParams(max_num_seqs=1, scheduling_policy="priority"))
     low = SimRequest(prompt_tokens=10, max_tokens=5, arrival=0, priority=10)

@@ -37,6 +37,7 @@ class EngineParams:
     block_size: int = 16
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 8192
+    long_prefill_token_threshold: int = 0  # a prefill's chunk per step, when others are running or waiting; 0: the budget
     max_model_len: int = 131072
     gpu_memory_utilization: float = 0.92
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
@@ -180,14 +181,16 @@ class EngineModel:
         decoding = [r for r in self.running if not r.prefilling]
         budget -= len(decoding) * (1 + p.spec_tokens)
         prefill: list[tuple[SimRequest, int]] = []
+        # vLLM V1: a long prefill's chunk is capped only while another request could use the budget
+        cap = p.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
         for req in [r for r in self.running if r.prefilling]:
             if budget <= 0:
                 break
-            chunk = min(req.prefill_target - req.kv_tokens, budget)
+            chunk = _chunk(req.prefill_target - req.kv_tokens, budget, cap)
             prefill.append((req, chunk))
             budget -= chunk
         if self.paused in (None, "wait"):  # "wait" refuses new requests but finishes the queued ones
-            self._admit(now, budget, prefill)
+            self._admit(now, budget, prefill, cap)
         # grow every sequence's KV; preempt the newest when the pool runs dry
         for req in list(decoding):
             if req in self.running and not self._reserve(req, req.kv_tokens + 1 + p.spec_tokens, now):
@@ -216,7 +219,7 @@ class EngineModel:
         self.busy_seconds += duration
         return duration
 
-    def _admit(self, now: float, budget: int, prefill: list[tuple[SimRequest, int]]) -> None:
+    def _admit(self, now: float, budget: int, prefill: list[tuple[SimRequest, int]], cap: int) -> None:
         p = self.params
         order = sorted(self.waiting, key=lambda r: (r.priority, r.arrival)) if p.scheduling_policy == "priority" else list(self.waiting)
         for req in order:
@@ -226,7 +229,7 @@ class EngineModel:
             # prefix-cache hits are prefilled already: their blocks are held (shared in vLLM), their tokens not computed
             cached = min(int(req.prompt_tokens * self.prefix_hit_ratio(now)), req.prefill_target - 1) if first else 0
             start = max(req.kv_tokens, cached)
-            chunk = min(req.prefill_target - start, budget)
+            chunk = _chunk(req.prefill_target - start, budget, cap)
             need = math.ceil((start + chunk) / p.block_size)
             if need > self.free_blocks:
                 break  # wait for capacity; vLLM does not skip ahead in FCFS
@@ -401,3 +404,8 @@ class EngineModel:
         m.waiting_capacity.set(len(self.waiting))
         m.waiting_deferred.set(0)
         m.kv_usage.set(self.kv_usage)
+
+
+def _chunk(left: int, budget: int, cap: int) -> int:
+    """The prompt tokens one request computes in a step: what is left, within the budget and the long-prefill cap (0: none)."""
+    return min(left, budget, cap) if cap > 0 else min(left, budget)

@@ -44,6 +44,7 @@ def engine_params(base: EngineParams, args: EngineArgs) -> EngineParams:
         num_gpu_blocks=max(1, blocks),
         block_size=block,
         max_num_seqs=int(args.get("max-num-seqs", base.max_num_seqs)),  # type: ignore[arg-type]
+        long_prefill_token_threshold=int(args.get("long-prefill-token-threshold", base.long_prefill_token_threshold)),  # type: ignore[arg-type]
         spec_tokens=int(spec.get("num_speculative_tokens", 1)) if isinstance(spec, dict) else 0,
     )
 
