@@ -233,6 +233,8 @@ class Run:
                 r.ttft[lane].append(ttft)
                 if prompt <= SHORT_PROMPT_TOKENS:
                     r.short_ttft.append(ttft)
+                    if late:
+                        r.late_short_ttft.append(ttft)
                 r.e2e.append(req.last_token_at - sent)
                 if ttft <= SLO_BASE_SECONDS + PREFILL_SECONDS_PER_TOKEN * prompt:
                     r.good += 1

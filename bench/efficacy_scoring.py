@@ -36,6 +36,7 @@ class Result:
     retries: Counter[str] = field(default_factory=Counter)  # attempts retried, by what the client heard
     ttft: dict[str, list[float]] = field(default_factory=lambda: {"high": [], "low": []})
     short_ttft: list[float] = field(default_factory=list)  # prompts of the default short bucket (<= 4096 tokens)
+    late_short_ttft: list[float] = field(default_factory=list)  # of those, the ones sent after the first ten minutes
     e2e: list[float] = field(default_factory=list)
     exits: Counter[str] = field(default_factory=Counter)  # oom, refused_to_start, restarted
     cut_by_restart: int = 0  # requests in flight when guardian's restart stopped the engine
@@ -149,8 +150,10 @@ def verdicts(results: list[Result], order: list[str]) -> list[str]:
         good = sum(r.good for r in f) / max(1, sum(r.sent for r in f))
         unguarded = sum(r.good for r in runs("flood", "unguarded")) / max(1, sum(r.sent for r in runs("flood", "unguarded")))
         ok = short <= 2 * twin and good >= 3 * unguarded
+        late = p99(f, lambda r: r.late_short_ttft)
         out.append(f"flood: short-prompt P99 TTFT {short * 1000:.0f} ms vs calm twin {twin * 1000:.0f} ms ({short / twin:.2f}x, "
-                   f"target <= 2x), goodput {good * 100:.0f}% vs unguarded {unguarded * 100:.0f}%: {'MET' if ok else 'NOT MET'}")  # fmt: skip
+                   f"target <= 2x; after the first 10 minutes {late * 1000:.0f} ms, {late / twin:.2f}x), "
+                   f"goodput {good * 100:.0f}% vs unguarded {unguarded * 100:.0f}%: {'MET' if ok else 'NOT MET'}")  # fmt: skip
     if t := runs("too-small", "guarded"):
         late = sum(r.late_good for r in t) / max(1, sum(r.late_sent for r in t))
         out.append(f"too-small: goodput after the first 10 minutes {late * 100:.0f}% (target >= 90%): {'MET' if late >= 0.9 else 'NOT MET'}")

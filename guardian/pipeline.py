@@ -238,15 +238,16 @@ class Pipeline:
         ts = self.tuners.get(name)
         if ts is None:  # first poll (or restored): the gateway's cap becomes the tuner's batch
             running = overlay(base, state.tuned)  # what the engine was started with, as far as guardian knows
-            seqs = running.get("max-num-seqs")
+            seqs, chunk = running.get("max-num-seqs"), running.get("long-prefill-token-threshold")
             ts = tuner.initial(seqs if isinstance(seqs, int) else None, "speculative-config" in running, limits,
-                               gw.concurrency if gw else None)  # fmt: skip
+                               gw.concurrency if gw else None, chunk if isinstance(chunk, int) else None)  # fmt: skip
         if name not in self.tuner_holds and limits.fast:
             actions.append(Action("tune", name, int(state.breaker.level), "start", {"batch": ts.batch, "was": None}))
         load = sample.gateway_load(name)
         reading = tuner.reading_from(
             sig, params.slo, min(utils) if utils else None, float(load.queued) if load else 0.0,
             breaker_level=int(state.breaker.level), restarting=state.restarting is not None, degraded=state.degraded,
+            long_in_flight=load is not None and load.long_in_flight > 0,
             window_open=tc.restarts_open(sample.wall),
             restart_budget_ok=len(state.restarts) < self.config.actions.restart_budget - 1,  # one kept for the breaker
         )  # fmt: skip

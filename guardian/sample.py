@@ -159,6 +159,7 @@ class GatewayLoad:
     queued: int
     in_flight: int
     cap: int
+    long_in_flight: int = 0  # of in_flight: long prompts (gateway/admission.py's long queue)
 
 
 @dataclass(frozen=True, slots=True)

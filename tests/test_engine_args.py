@@ -29,6 +29,8 @@ def test_later_layers_win_and_none_removes_a_flag() -> None:
         ({"speculative-config": {"num_speculative_tokens": 3}}, "flash_attn", 'needs a "method"'),
         ({"speculative-config": "{oops"}, "flash_attn", "--speculative-config is not JSON"),
         ({"served-model-name": "my model"}, "flash_attn", "contains whitespace"),
+        ({"long-prefill-token-threshold": 4096, "max-model-len": 2048}, "flash_attn",
+         "--long-prefill-token-threshold 4096 is above --max-model-len 2048"),  # vLLM's SchedulerConfig refuses it
     ],
 )
 def test_arguments_vllm_would_refuse_are_caught_before_a_restart(changes, backend, problem) -> None:  # type: ignore[no-untyped-def]

@@ -296,3 +296,49 @@ def test_a_smaller_batch_for_preemptions_that_continue_is_undone_and_the_ceiling
     assert [(m.new, m.reason) for _, m in moves] == [(18, "preemptions"), (24, "lowering_did_not_help")]
     assert state.ceiling is None and state.blocked_preemption_until is not None
     assert state.blocked_down_until is None  # P99's own rule is not blocked by it
+
+
+def _blocked(n: int, **kw) -> list[Reading]:
+    """Short requests waiting ~1.5 s in vLLM's queue behind long prompts' prefill, with seats and KV to spare."""
+    base = {"latency": 1.6, "utilization": 1.0, "gateway_queued": 20, "waiting": 2, "running": 4, "kv_usage": 0.4,
+            "preemptions_per_second": 0.0, "queue_p99": 1.5, "long_in_flight": True}
+    return [Reading(**{**base, **kw}) for _ in range(n)]  # type: ignore[arg-type]
+
+
+def test_requests_waiting_in_vllm_behind_long_prefills_cap_them_by_one_restart_even_without_an_slo() -> None:
+    learning = TunerParams()  # no configured objective, none derived yet: the rule needs none
+    state, moves, _ = run(tuner.initial(None, False, FAST, 64), _blocked(40), p=learning)
+    assert [(m.kind, m.old, m.new, m.restart, m.reason) for _, m in moves] == [
+        ("long_prefill", None, 1024, True, "long_prefill_blocks_others")]
+    assert moves[0][0] >= learning.window_seconds * 0.9  # a full window of it, not one poll
+    assert moves[0][1].numbers["queue_p99_seconds"] == 1.5
+    assert state.engine_args(FAST)["long-prefill-token-threshold"] == 1024
+    assert state.batch == 64 and state.max_num_seqs is None  # 4 running with others waiting is not the engine's limit here
+    _, again, _ = run(state, _blocked(200), p=learning, start=1000.0)
+    assert [m.kind for _, m in again] == []  # once: the engine runs with the cap now
+
+
+@pytest.mark.parametrize("why", [
+    {"long_in_flight": False},  # the wait is not long prompts' doing (a burst of short ones)
+    {"kv_usage": 0.95},  # the pool is full: requests wait for memory, the cap's to answer
+    {"preemptions_per_second": 1.0},
+    {"queue_p99": 0.2},  # they hardly wait
+])
+def test_a_wait_in_vllm_without_long_prefills_behind_it_sets_no_cap(why: dict[str, object]) -> None:
+    _, moves, _ = run(tuner.initial(None, False, FAST, 64), _blocked(40, **why), p=TunerParams())
+    assert [m for _, m in moves if m.kind == "long_prefill"] == []
+
+
+def test_an_engine_already_capping_long_prefills_or_a_zero_setting_is_not_restarted_for_it() -> None:
+    _, moves, _ = run(tuner.initial(None, False, FAST, 64, long_prefill=2048), _blocked(40), p=TunerParams())
+    assert moves == []
+    _, moves, _ = run(tuner.initial(None, False, FAST, 64), _blocked(40), p=TunerParams(long_prefill_tokens=0))
+    assert moves == []
+
+
+def test_the_long_prefill_cap_survives_a_restart_of_guardian() -> None:
+    state = replace(tuner.initial(24, False, FAST), long_prefill=1024)
+    assert tuner.from_disk(tuner.to_disk(state, 100.0), 100.0).long_prefill == 1024
+    doc = tuner.to_disk(state, 100.0)
+    del doc["long_prefill"]  # a state file written before the cap existed
+    assert tuner.from_disk(doc, 100.0).long_prefill is None

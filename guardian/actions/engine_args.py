@@ -66,7 +66,10 @@ def validate(args: Mapping[str, Value], backend: str = "flash_attn") -> list[str
     if seqs is not None and active is not None and active > seqs:
         problems.append(f"--max-num-active-seqs {active} is above --max-num-seqs {seqs}")
     integer("max-num-batched-tokens", 1)
-    integer("max-model-len", 1)
+    model_len = integer("max-model-len", 1)
+    chunk = integer("long-prefill-token-threshold", 0)
+    if chunk is not None and model_len is not None and chunk > model_len:
+        problems.append(f"--long-prefill-token-threshold {chunk} is above --max-model-len {model_len}")
     util = args.get("gpu-memory-utilization")
     if util is not None and (isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1):
         problems.append(f"--gpu-memory-utilization must be in (0, 1], not {util!r}")

@@ -90,6 +90,9 @@ class TunerSection(Section):
     improve_ratio: float = Field(0.1, ge=0, lt=1)
     blocked_seconds: float = Field(900.0, ge=0, le=86400)
     preemption_rate_limit: float = Field(0.05, ge=0)
+    long_prefill_tokens: int = Field(1024, ge=0, le=1_000_000)  # --long-prefill-token-threshold it sets; 0: never sets it
+    blocked_queue_seconds: float = Field(0.5, gt=0, le=3600)
+    long_share: float = Field(0.8, gt=0, le=1)
 
     @field_validator("hardware")
     @classmethod

@@ -98,6 +98,11 @@ class Admission:
         """Prompt tokens of the long requests in flight."""
         return sum(size * n for size, n in self._long_in_flight.items())
 
+    @property
+    def long_count(self) -> int:
+        """Long requests in flight."""
+        return sum(self._long_in_flight.values())
+
     def is_long(self, tokens: int) -> bool:
         return self.kv_tokens is not None and tokens >= self.kv_tokens * LONG_REQUEST_RATIO
 

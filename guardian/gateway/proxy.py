@@ -198,8 +198,8 @@ class GatewayServer:
                 for name in self.admission}  # fmt: skip
 
     def loads(self) -> tuple[GatewayLoad, ...]:
-        """What the poll records of the gateway: per engine, its queue, in-flight requests and cap."""
-        return tuple(GatewayLoad(name, a.queued, a.in_flight, a.cap) for name, a in self.admission.items())
+        """What the poll records of the gateway: per engine, its queue, in-flight requests (long ones apart) and cap."""
+        return tuple(GatewayLoad(name, a.queued, a.in_flight, a.cap, a.long_count) for name, a in self.admission.items())
 
     async def drain(self, engine: str, timeout: float) -> Outcome:
         if engine not in self.admission:

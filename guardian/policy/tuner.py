@@ -18,8 +18,9 @@ latency window):
 | --- | --- |
 | breaker above L1, or a restart under way | none (and the window starts over) |
 | ``--max-num-seqs`` unknown, and vLLM runs the same N requests with others waiting and KV to spare (the short window) | the batch to N: that is the engine's limit (learnt, short cooldown) |
-| no SLO yet: none configured and the engine's unloaded P99 not learnt | only the preemption rule |
 | inside the cooldown after any move | none |
+| vLLM's P99 queue time over ``blocked_queue_seconds`` with KV to spare and nothing preempted, a long prompt in flight at most polls (the long window), no cap on long prefills yet | ``--long-prefill-token-threshold`` to ``long_prefill_tokens`` (slow, once) |
+| no SLO yet: none configured and the engine's unloaded P99 not learnt | only the preemption rule (and the one above) |
 | the first full window after a smaller batch shows P99 (or the preemptions it was for) not lower by ``improve_ratio`` | the batch back up; no smaller batch for ``blocked_seconds``, doubled per undo in a row |
 | preemptions above ``preemption_rate_limit`` throughout | batch down one step; the old batch is a ceiling for ``blocked_seconds`` (undone, like any smaller batch, when the preemptions did not drop) |
 | P99 above the band and requests queued in front of the engine | none: overloaded, a smaller batch would grow the queue (more replicas help) |
@@ -74,7 +75,7 @@ from guardian.analysis.engine_stats import EngineSignals
 from guardian.policy.slo import Slo, objective
 
 DAY_SECONDS = 86400.0
-MoveKind = Literal["batch", "max_num_seqs", "speculation"]
+MoveKind = Literal["batch", "max_num_seqs", "speculation", "long_prefill"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,9 @@ class TunerParams:
     blocked_seconds: float = 900.0  # after an undone move the batch is not lowered for this long, doubled per undo in a row
     preemption_rate_limit: float = 0.05  # preemptions/s (3 a minute) throughout the window: the batch is too large
     unloaded_factor: float = 3.0  # a derived SLO: this many times the engine's P99 with nothing waiting in it
+    long_prefill_tokens: int = 1024  # --long-prefill-token-threshold when long prompts' prefill holds short ones back
+    blocked_queue_seconds: float = 0.5  # vLLM's P99 queue time over the window that says requests wait for the token budget
+    long_share: float = 0.8  # share of the window's polls with a long prompt in flight
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,8 @@ class Reading:
     restarting: bool = False
     degraded: bool = False  # the breaker's degraded profile is on: speculation stays off
     window_open: bool = True  # a restart for tuning may begin now
+    queue_p99: float | None = None  # vLLM's own P99 time in its waiting queue, seconds (vllm:request_queue_time_seconds)
+    long_in_flight: bool = False  # the gateway has a long prompt in flight to this engine
     restart_budget_ok: bool = True  # the breaker's hourly budget has room beyond its own reserve
 
 
@@ -141,6 +147,7 @@ def reading_from(sig: EngineSignals, slo: Slo, utilization: float | None, gatewa
         running=sig.running,
         kv_usage=sig.kv_cache_usage,
         preemptions_per_second=sig.preemptions_per_second,
+        queue_p99=queue.p99 if (queue := sig.latency.get("queue")) is not None and queue.count > 0 else None,
         **context,
     )
 
@@ -163,12 +170,15 @@ class TunerState:
     undone: int = 0  # smaller batches undone in a row: P99 here does not answer to the batch (long prompts' prefill)
     ceiling: tuple[int, float] | None = None  # (batch, until): it overflowed the KV cache; stay below it until then
     unloaded: float | None = None  # the lowest P99 over a full window with nothing waiting in vLLM: what a derived SLO is made of
+    long_prefill: int | None = None  # --long-prefill-token-threshold the engine runs with; None: vLLM's default (no cap)
 
     def engine_args(self, limits: Limits) -> dict[str, Any]:
         """The layer a restart applies over the engine's base arguments (``None`` removes a flag)."""
         layer: dict[str, Any] = {"speculative-config": dict(limits.speculative_config) if self.speculation and limits.speculative_config else None}
         if self.max_num_seqs is not None:
             layer["max-num-seqs"] = self.max_num_seqs
+        if self.long_prefill is not None:
+            layer["long-prefill-token-threshold"] = self.long_prefill
         return layer
 
 
@@ -193,7 +203,8 @@ class Step:
     hold: str | None = None  # why nothing moved, when something wanted to
 
 
-def initial(max_num_seqs: int | None, speculation: bool, limits: Limits, gateway_cap: int | None = None) -> TunerState:
+def initial(max_num_seqs: int | None, speculation: bool, limits: Limits, gateway_cap: int | None = None,
+            long_prefill: int | None = None) -> TunerState:
     """Start where the engine is: at its own limit, or the gateway's cap if that is lower.
 
     The GPU's batch cap bounds raises only: an engine already serving more than it does keeps
@@ -202,7 +213,7 @@ def initial(max_num_seqs: int | None, speculation: bool, limits: Limits, gateway
     """
     known = [n for n in (max_num_seqs, gateway_cap) if n is not None]
     batch = min(known) if known else limits.hardware_cap
-    return TunerState(batch=batch, max_num_seqs=max_num_seqs, speculation=speculation)
+    return TunerState(batch=batch, max_num_seqs=max_num_seqs, speculation=speculation, long_prefill=long_prefill)
 
 
 def step_size(batch: int, ratio: float) -> int:
@@ -260,6 +271,28 @@ def _unloaded(known: float | None, recent: tuple[tuple[float, Reading], ...], t:
     return worst if known is None else min(known, worst)
 
 
+def _blocked_by_long_prefill(s: TunerState, t: float, p: TunerParams) -> bool:
+    """Requests wait inside vLLM for its token budget, which long prompts' prefill takes whole.
+
+    vLLM's scheduler gives each running prefill as much of the step's token budget as it
+    needs: a 30k-token prompt takes every step for a second or more, and a short request
+    that arrives meanwhile waits in vLLM's queue with seats and KV to spare. Over a full
+    window: vLLM's P99 queue time past ``blocked_queue_seconds`` at every poll, its KV pool
+    never full, nothing preempted (a wait for memory is the cap's to answer, not this), and
+    a long prompt in flight at most polls. ``--long-prefill-token-threshold`` caps each
+    prefill's share of a step while others wait (vLLM's V1 scheduler; alone, a prompt still
+    takes the whole budget).
+    """
+    window = [x for at, x in s.recent if t - at < p.window_seconds]
+    if len(window) < p.min_samples or t - s.recent[0][0] < 0.9 * p.window_seconds:
+        return False
+    waited = all(x.queue_p99 is not None and x.queue_p99 > p.blocked_queue_seconds for x in window)
+    roomy = all(x.kv_usage is not None and x.kv_usage < p.kv_spare_below
+                and (x.preemptions_per_second or 0.0) <= p.preemption_rate_limit for x in window)  # fmt: skip
+    long = sum(x.long_in_flight for x in window) >= p.long_share * len(window)
+    return waited and roomy and long
+
+
 def _engine_limit(up: list[Reading], batch: int, p: TunerParams) -> int | None:
     """The ``--max-num-seqs`` an engine runs with, when its running count shows it: the same N, others waiting, KV to spare."""
     if len(up) < p.up_min_samples:
@@ -268,7 +301,8 @@ def _engine_limit(up: list[Reading], batch: int, p: TunerParams) -> int | None:
     if len(running) != 1 or None in running:
         return None
     n = round(up[0].running or 0)
-    calm = all(x.waiting > 0 and x.kv_usage is not None and x.kv_usage < p.kv_spare_below
+    # a long prompt in flight can hold the others waiting for the token budget with seats free: not the limit
+    calm = all(x.waiting > 0 and x.kv_usage is not None and x.kv_usage < p.kv_spare_below and not x.long_in_flight
                and (x.preemptions_per_second or 0.0) <= p.preemption_rate_limit for x in up)  # fmt: skip
     return max(p.min_batch, n) if calm and 0 < n < batch else None
 
@@ -307,6 +341,14 @@ def _rules(s: TunerState, r: Reading, t: float, p: TunerParams, limits: Limits, 
         if len(s.restarts) >= p.restarts_per_day:
             return f"{what} waits: {len(s.restarts)} tuning restarts in the last day"
         return f"{what} waits: the breaker's restart budget is kept for emergencies"
+
+    # -- long prompts' prefill holding the others back: no SLO needed, the engine's own queue says it --------
+    if s.long_prefill is None and p.long_prefill_tokens > 0 and limits.fast and _blocked_by_long_prefill(s, t, p):
+        numbers["queue_p99_seconds"] = r.queue_p99
+        if can_restart:
+            return moved("long_prefill", None, p.long_prefill_tokens, "long_prefill_blocks_others", True,
+                         long_prefill=p.long_prefill_tokens)  # fmt: skip
+        return Step(s, hold=slow_hold("a cap on long prefills (--long-prefill-token-threshold)"))
 
     # -- a smaller batch: the long window must agree ------------------------------------------
     if len(down) >= p.min_samples and since_move >= p.cooldown_seconds:
@@ -418,6 +460,7 @@ def to_disk(s: TunerState, wall_offset: float) -> dict[str, Any]:
         "speculation": s.speculation,
         "last_move": None if s.last_move is None else round(s.last_move + wall_offset, 3),
         "restarts": [round(x + wall_offset, 3) for x in s.restarts],
+        "long_prefill": s.long_prefill,
     }
 
 
@@ -431,4 +474,5 @@ def from_disk(doc: Mapping[str, Any], wall_offset: float) -> TunerState:
         speculation=bool(doc["speculation"]),
         last_move=None if last is None else float(last) - wall_offset,
         restarts=tuple(float(x) - wall_offset for x in doc["restarts"]),
+        long_prefill=None if (chunk := doc.get("long_prefill")) is None else int(chunk),  # absent before it existed
     )

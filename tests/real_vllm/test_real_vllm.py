@@ -421,7 +421,7 @@ async def test_a_drained_restart_changes_max_num_seqs_waits_for_the_load_and_los
 
         clients = [asyncio.create_task(client(i)) for i in range(12)]  # before, during and after the drain
         await asyncio.sleep(0.5)
-        outcome = await procedure.run({"max-num-seqs": 8})
+        outcome = await procedure.run({"max-num-seqs": 8, "long-prefill-token-threshold": 1024})  # the tuner's two restarts
         statuses = await asyncio.gather(*clients)
         await gateway.close()
     assert outcome.ok, outcome.detail
@@ -430,7 +430,9 @@ async def test_a_drained_restart_changes_max_num_seqs_waits_for_the_load_and_los
     assert took >= 10  # it waited for the model to load, refused all the while
     new = host.identity["pid"]
     assert new != old and "--max-num-seqs" in psutil.Process(new).cmdline()
-    assert psutil.Process(new).cmdline()[psutil.Process(new).cmdline().index("--max-num-seqs") + 1] == "8"
+    cmdline = psutil.Process(new).cmdline()
+    assert cmdline[cmdline.index("--max-num-seqs") + 1] == "8"
+    assert cmdline[cmdline.index("--long-prefill-token-threshold") + 1] == "1024"  # real vLLM starts with it (sim: engine.py)
     assert statuses == [200] * 12  # held by the gateway through drain and load: none lost
 
 
