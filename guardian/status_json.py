@@ -99,6 +99,7 @@ def status(snap: Snapshot | None, started_wall: float, interval: float) -> dict[
                 "max_num_seqs": s.max_num_seqs,
                 "hardware_batch_cap": getattr(snap.policy.tuner_limits.get(name), "hardware_cap", None),
                 "speculation": s.speculation,
+                "long_prefill_token_threshold": s.long_prefill,  # null: vLLM's default (long prefills not capped) or not known
                 "last_move": None if s.last_move is None else _iso(snap.sample.wall_at(s.last_move)),
                 "tuning_restarts_today": len(s.restarts),
                 "slo_seconds": snap.policy.tuner_slo.get(name),  # configured, or derived from the engine; null: still learnt

@@ -47,3 +47,16 @@ def test_an_engine_started_too_small_is_restarted_once_by_the_tuner_and_then_ser
     assert untuned.late_good / untuned.late_sent < 0.1  # --max-num-seqs 4 cannot serve 5 req/s: the harm is real
     assert dict(tuned.restarts) == {"tune_max_num_seqs": 1} and tuned.cut_by_restart == 0
     assert tuned.late_good / tuned.late_sent >= 0.9  # what is sent after the first ten minutes gets its first token in time
+
+
+def test_long_prompts_holding_short_ones_back_get_vllms_long_prefill_cap_by_one_restart(efficacy: ModuleType) -> None:
+    untuned = efficacy.run_one(("flood", "guarded", False, 1, 16.0, False))  # [tuner] enabled = false
+    tuned = efficacy.run_one(("flood", "guarded", False, 1, 16.0, True))  # guardian's defaults: the tuner on
+    assert dict(untuned.restarts) == {}
+    assert dict(tuned.restarts) == {"tune_long_prefill": 1} and tuned.cut_by_restart == 0
+
+    def late_p99(r: object) -> float:
+        return sorted(r.late_short_ttft)[int(0.99 * len(r.late_short_ttft))]  # type: ignore[attr-defined]
+
+    assert late_p99(untuned) > 1.0  # a short prompt behind a 30k-token prefill waits for all of it
+    assert late_p99(tuned) < late_p99(untuned) / 3  # once vLLM caps each prefill's share of a step
