@@ -1,6 +1,7 @@
 """guardian's gateway beside nginx (and vllm-router, where it installs): what relaying costs per request and per SSE chunk.
 
     python bench/proxies.py [--requests 3000] [--streams 96] [--in-flight 32] [--chunks 200] [--pace-ms 2] [--no-valgrind]
+                            [--rate 40000] [--rate-seconds 10]
 
 Set-up, in one run: a fixed-cost upstream in its own process (canned
 completions; a stream of N server-sent events written one by one, back to
@@ -21,7 +22,13 @@ Figures per proxy:
 - chunks merged in the paced streams (an HTTP chunk carrying more than
   one event, at the rate they were offered) and streams broken (an event
   lost or cut, or no `[DONE]`);
-- the ratio of each to nginx's.
+- the ratio of each to nginx's;
+- at ``--rate`` events/s (40k: an 8-GPU host's streams), beyond what the
+  Python upstream and client produce: ``bench/sse_load.c`` (compiled with
+  the system's ``cc``; left out without one) serves and reads 64 paced
+  streams natively, and each proxy's CPU over the run is its share of one
+  core, with the events that arrived, merged and late (the run's wall time
+  over the pacing's).
 
 Targets (issue 17): per SSE chunk <= 1.3x nginx's CPU; per plain request
 <= 2x vllm-router's; no chunk merged.
@@ -245,6 +252,76 @@ async def streams(url: str, count: int, chunks: int, concurrency: int, pace_ms: 
     return await _drive(worker, concurrency, load)
 
 
+# -- at a rate Python cannot offer: bench/sse_load.c -------------------------------------------------------
+
+
+@dataclass
+class Rate:
+    name: str
+    offered: float  # events/s asked for
+    events: int = 0
+    merged: int = 0
+    broken: int = 0
+    wall: float = 0.0
+    ideal: float = 0.0  # the pacing's own duration
+    core_share: float = float("nan")  # the proxy's CPU over the run, of one core
+
+
+def build_sse_load(tmp: Path) -> Path | None:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        print("rate: no C compiler (apt-get install gcc): the 40k events/s check is left out", flush=True)
+        return None
+    out = tmp / "sse_load"
+    subprocess.run([cc, "-O2", "-o", str(out), str(ROOT / "bench" / "sse_load.c")], check=True)
+    return out
+
+
+def drive_rate(tool: Path, proxy: Proxy, port: int, rate: float, seconds: float, streams: int = 64) -> Rate:
+    """``streams`` streams paced to ``rate`` events/s together for ``seconds``, through ``proxy`` (its port)."""
+    pace_us = round(streams / rate * 1e6)
+    events = max(1, round(seconds * 1e6 / pace_us))
+    pids = proxy.pids()
+    idle0 = cpu(pids)
+    time.sleep(1.0)
+    idle_rate = cpu(pids) - idle0
+    c0 = cpu(pids)
+    out = subprocess.run([str(tool), "drive", "127.0.0.1", str(port), str(streams), str(events), str(pace_us)],
+                         stdout=subprocess.PIPE, text=True, check=True, timeout=seconds * 10 + 60)  # fmt: skip
+    got = json.loads(out.stdout)
+    used = cpu(pids) - c0 - idle_rate * got["wall"]
+    return Rate(proxy.name, streams * 1e6 / pace_us, got["events"], got["merged"], got["broken"], got["wall"],
+                events * pace_us / 1e6, used / got["wall"] if pids else float("nan"))  # fmt: skip
+
+
+def run_rate(args: argparse.Namespace, starters: dict[str, Callable[[Path, str, list[str]], Proxy]]) -> list[Rate]:
+    with tempfile.TemporaryDirectory() as tmp:
+        tool = build_sse_load(Path(tmp))
+        if tool is None:
+            return []
+        port = free_port()
+        upstream = subprocess.Popen([str(tool), "serve", str(port)])
+        url = f"http://127.0.0.1:{port}"
+        try:
+            asyncio.run(ready(url, 30))
+            out = [drive_rate(tool, Proxy("direct", url, None), port, args.rate, args.rate_seconds)]
+            for name, start in starters.items():
+                with tempfile.TemporaryDirectory() as ptmp:
+                    proxy = start(Path(ptmp), url, [])
+                    try:
+                        asyncio.run(ready(proxy.url, 60))
+                        if proxy.process is not None and proxy.process.poll() is not None:  # something else answered there
+                            raise SystemExit(f"bench: {name} exited at start (exit {proxy.process.returncode}); run again")
+                        print(f"{name}: {args.rate:.0f} events/s for {args.rate_seconds:g} s ...", flush=True)
+                        out.append(drive_rate(tool, proxy, int(proxy.url.rsplit(":", 1)[1]), args.rate, args.rate_seconds))
+                    finally:
+                        proxy.stop()
+        finally:
+            upstream.terminate()
+            upstream.wait()
+    return out
+
+
 # -- measuring ----------------------------------------------------------------------------------
 
 
@@ -347,13 +424,8 @@ def ratio(value: float, reference: float) -> str:
     return "-" if reference != reference or value != value or reference <= 0 else f"{value / reference:.2f}x"
 
 
-async def run(args: argparse.Namespace, upstream: str) -> list[Figures]:
-    direct = Proxy("direct", upstream, None)
-    check = await streams(direct.url, args.streams, args.chunks, args.in_flight, args.pace_ms)
-    if check.broken:
-        raise SystemExit("bench: the upstream's own streams are broken")
-    print(f"direct: paced streams at {check.chunks / check.wall:.0f} events/s, {check.merged} merged by the upstream "
-          "and client themselves", flush=True)  # fmt: skip
+def proxies() -> dict[str, Callable[[Path, str, list[str]], Proxy]]:
+    """The proxies to measure: guardian, and nginx and vllm-router where they are installed."""
     starters: dict[str, Callable[[Path, str, list[str]], Proxy]] = {"guardian": start_guardian, "nginx": start_nginx}
     if shutil.which("vllm-router"):
         starters["vllm-router"] = start_router
@@ -362,6 +434,16 @@ async def run(args: argparse.Namespace, upstream: str) -> list[Figures]:
     if shutil.which("nginx") is None:
         del starters["nginx"]
         print("nginx: not installed (apt-get install nginx-light): left out", flush=True)
+    return starters
+
+
+async def run(args: argparse.Namespace, upstream: str, starters: dict[str, Callable[[Path, str, list[str]], Proxy]]) -> list[Figures]:
+    direct = Proxy("direct", upstream, None)
+    check = await streams(direct.url, args.streams, args.chunks, args.in_flight, args.pace_ms)
+    if check.broken:
+        raise SystemExit("bench: the upstream's own streams are broken")
+    print(f"direct: paced streams at {check.chunks / check.wall:.0f} events/s, {check.merged} merged by the upstream "
+          "and client themselves", flush=True)  # fmt: skip
     results = []
     for name, start in starters.items():
         with tempfile.TemporaryDirectory() as tmp:
@@ -379,6 +461,23 @@ async def run(args: argparse.Namespace, upstream: str) -> list[Figures]:
     return results
 
 
+def print_rates(args: argparse.Namespace, rates: list[Rate]) -> None:
+    if not rates:
+        return
+    print()
+    print(f"at {args.rate:.0f} events/s: 64 streams paced by bench/sse_load.c for {args.rate_seconds:g} s, read natively")
+    print("| proxy | events/s arrived | events | merged | broken | late (wall over pacing) | CPU, share of one core |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for x in rates:
+        share = "-" if x.core_share != x.core_share else f"{x.core_share * 100:.0f}%"
+        print(f"| {x.name} | {x.events / x.wall:.0f} | {x.events} | {x.merged} | {x.broken} | {(x.wall / x.ideal - 1) * 100:+.1f}% | {share} |")
+    g = next((x for x in rates if x.name == "guardian"), None)
+    if g is not None:
+        ok = g.merged == 0 and g.broken == 0 and g.core_share < 1
+        print(f"target: no chunk merged at {args.rate:.0f} events/s on one core: merged {g.merged}, broken {g.broken}, "
+              f"{g.core_share * 100:.0f}% of a core: {'MET' if ok else 'NOT MET'}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=3000, help="plain requests per proxy (default 3000)")
@@ -388,6 +487,9 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, default=200, help="events per stream (default 200)")
     parser.add_argument("--pace-ms", type=float, default=2.0, help="milliseconds between a stream's events (default 2: 500/s each)")
     parser.add_argument("--no-valgrind", dest="valgrind", action="store_false", help="skip the instruction counts")
+    parser.add_argument("--rate", type=float, default=40000.0, help="events/s of the native check (default 40000; 0: none)")
+    parser.add_argument("--rate-seconds", type=float, default=10.0, help="how long the native check runs (default 10)")
+    parser.add_argument("--rate-only", action="store_true", help="only the native check at --rate")
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.upstream:
@@ -396,14 +498,21 @@ def main() -> int:
     if args.valgrind and shutil.which("valgrind") is None:
         print("valgrind: not installed (apt-get install valgrind): instruction counts left out", flush=True)
         args.valgrind = False
-    port = free_port()
-    upstream = subprocess.Popen([sys.executable, __file__, "--upstream", str(port)])
-    try:
-        asyncio.run(ready(f"http://127.0.0.1:{port}", 30))
-        results = asyncio.run(run(args, f"http://127.0.0.1:{port}"))
-    finally:
-        upstream.terminate()
-        upstream.wait()
+    starters = proxies()
+    results: list[Figures] = []
+    if not args.rate_only:
+        port = free_port()
+        upstream = subprocess.Popen([sys.executable, __file__, "--upstream", str(port)])
+        try:
+            asyncio.run(ready(f"http://127.0.0.1:{port}", 30))
+            results = asyncio.run(run(args, f"http://127.0.0.1:{port}", starters))
+        finally:
+            upstream.terminate()
+            upstream.wait()
+    rates = run_rate(args, starters) if args.rate > 0 else []
+    if not results:
+        print_rates(args, rates)
+        return 0
     ref = next((r for r in results if r.name == "nginx"), None)
     router = next((r for r in results if r.name == "vllm-router"), None)
     print()
@@ -424,6 +533,7 @@ def main() -> int:
         print(f"target: per SSE chunk <= 1.3x nginx's CPU: {ratio(guardian.chunk_us, ref.chunk_us)}; no chunk merged: {guardian.merged == 0}")
     if guardian is not None and router is not None:
         print(f"target: per plain request <= 2x vllm-router's CPU: {ratio(guardian.request_us, router.request_us)}")
+    print_rates(args, rates)
     return 0
 
 
