@@ -331,8 +331,10 @@ def _cost_metrics(snap: Snapshot) -> list[Metric]:
 
 def _tuner_metrics(policy: PolicyView) -> list[Metric]:
     e = ["engine"]
-    batch = _gauge("guardian_tuner_target_batch", "The tuner's effective batch: the gateway's concurrency cap for the engine.", e)
+    batch = _gauge("guardian_tuner_target_batch", "The tuner's effective batch: the ceiling of the gateway's concurrency cap for the engine.", e)
     seqs = _gauge("guardian_tuner_max_num_seqs", "--max-num-seqs the tuner keeps the engine at (absent: vLLM's default).", e)
+    chunk = _gauge("guardian_tuner_long_prefill_tokens",
+                   "--long-prefill-token-threshold the tuner keeps the engine at (absent: vLLM's default, no cap).", e)
     cap = _gauge("guardian_tuner_hardware_batch_cap", "The batch the tuner may reach on the engine's GPU (hardware profile).", e)
     spec = _gauge("guardian_speculation_enabled", "1 while the tuner keeps speculative decoding on for the engine.", e)
     overload = _gauge(
@@ -342,10 +344,12 @@ def _tuner_metrics(policy: PolicyView) -> list[Metric]:
         batch.add_metric([name], float(s.batch))
         if s.max_num_seqs is not None:
             seqs.add_metric([name], float(s.max_num_seqs))
+        if s.long_prefill is not None:
+            chunk.add_metric([name], float(s.long_prefill))
         spec.add_metric([name], 1.0 if s.speculation else 0.0)
         hold = policy.tuner_holds.get(name) or ""
         overload.add_metric([name], 1.0 if hold.startswith("overloaded") else 0.0)
         limits = policy.tuner_limits.get(name)
         if limits is not None:
             cap.add_metric([name], float(limits.hardware_cap))
-    return [batch, seqs, cap, spec, overload] if policy.tuners else []
+    return [batch, seqs, chunk, cap, spec, overload] if policy.tuners else []

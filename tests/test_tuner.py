@@ -342,3 +342,15 @@ def test_the_long_prefill_cap_survives_a_restart_of_guardian() -> None:
     doc = tuner.to_disk(state, 100.0)
     del doc["long_prefill"]  # a state file written before the cap existed
     assert tuner.from_disk(doc, 100.0).long_prefill is None
+
+
+def test_the_long_prefill_cap_is_exported_beside_max_num_seqs() -> None:
+    from guardian.exporter import Metrics
+    from guardian.sample import NvmlReading, Sample
+    from guardian.snapshot import PolicyView, Snapshot
+
+    tuners = {"capped": replace(tuner.initial(24, False, FAST), long_prefill=1024), "plain": tuner.initial(24, False, FAST)}
+    policy = PolicyView(states={}, budget=3, budget_left={}, dry_run=False, restarting=[], tuners=tuners)
+    page = Metrics(lambda: Snapshot(Sample(0.0, 0.0, NvmlReading(), ()), {}, False, 0.0, policy=policy)).render().decode()
+    assert 'guardian_tuner_long_prefill_tokens{engine="capped"} 1024.0' in page
+    assert 'guardian_tuner_long_prefill_tokens{engine="plain"}' not in page  # vLLM's default: no cap, no sample
