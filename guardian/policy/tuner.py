@@ -1,12 +1,13 @@
-"""The tuner: an engine's batch and speculation, steered against P99 and GPU utilisation.
+"""The tuner: an engine's batch, speculation and long-prefill cap, steered against P99 and GPU utilisation.
 
 Two speeds. The fast loop moves the *effective batch*: the ceiling of the
 admission gateway's concurrency cap for the engine (the cap itself follows
 the KV pool under it, ``policy/concurrency.py``), changed at once and
 without a restart. The slow loop changes what vLLM fixes at start (``--max-num-seqs``,
-``--speculative-config``) by a drained restart, and only when it must: the
-fast loop is pinned at the engine's own limit for ``pinned_seconds``, or
-speculation should change. Slow moves need an open window (cron), room in the
+``--speculative-config``, ``--long-prefill-token-threshold``) by a drained
+restart, and only when it must: the fast loop is pinned at the engine's own
+limit for ``pinned_seconds``, speculation should change, or long prompts'
+prefill keeps others waiting in vLLM. Slow moves need an open window (cron), room in the
 daily restart budget, and are counted against the breaker's hourly budget
 too. Without a gateway there is no fast loop, and batch moves become slow
 ones on ``--max-num-seqs``.
