@@ -1,4 +1,4 @@
-"""The tuner end to end on the simulator: the demo's tuner-queue scenario with a real daemon, gateway and load.
+"""The tuner end to end on the simulator: the demo's tuner-queue and long-context-flood scenarios with a real daemon, gateway and load.
 
 An engine started at the low_latency preset (--max-num-seqs 4) under 7 req/s:
 the gateway's queue builds, the tuner raises the engine's own limit by one
@@ -99,3 +99,25 @@ async def test_dry_run_plans_the_tuner_moves_and_changes_nothing(tmp_path: Path,
     assert daemon.gateway is not None and daemon.gateway.admission["sim0"].cap == 64  # the gateway's own, untouched
     captured = capsys.readouterr()
     assert "action_planned" in captured.out + captured.err
+
+
+async def test_a_long_context_flood_gets_vllms_long_prefill_cap_by_one_restart_through_the_daemon(tmp_path: Path) -> None:
+    # the demo's flood at the efficacy bench's 2 req/s (at 3 it preempts, the breaker climbs, and the tuner holds
+    # above L1), with the demo's tuner settings: a 6 s window instead of a minute
+    flood = dataclasses.replace(scenarios.get("long-context-flood"), rate=lambda t: 2.0, tuner=scenarios.TUNER_DEMO)
+    cluster = SimCluster(flood, engines=1, seed=3)
+    await cluster.start()
+    config = demo_config(cluster, 0, 0.25, tmp_path / "state")
+    config = config.model_copy(update={"actions": cfg.ActionsSection(drain_timeout_seconds=30, start_timeout_seconds=30)})
+    launcher = SimLauncher(cluster.servers[0], load_seconds=0.5, seed=3)
+    daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""), launchers={"sim0": launcher})
+    await daemon.start()
+    async with load_through_gateway(daemon, cluster):
+        restarted = await wait_until(lambda: bool(launcher.started_with), 60)
+        held = daemon.pipeline.tuners["sim0"]
+        metrics = daemon.metrics.render().decode()
+    assert restarted, daemon.pipeline.tuner_holds.get("sim0")
+    assert launcher.started_with == [{"long-prefill-token-threshold": 1024}]  # the engine's own --max-num-seqs kept
+    assert cluster.servers[0].engine.params.long_prefill_token_threshold == 1024  # vLLM (the simulator) runs with it
+    assert held.long_prefill == 1024 and held.max_num_seqs is None
+    assert 'guardian_tuner_moves_total{engine="sim0",kind="long_prefill",reason="tune_long_prefill"} 1.0' in metrics
