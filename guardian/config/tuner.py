@@ -52,7 +52,7 @@ class WindowSection(Section):
 
 
 class TunerSection(Section):
-    """The tuner: batch (the gateway's cap) and speculation, against the SLO. On unless ``enabled = false``.
+    """The tuner: batch (the ceiling of the gateway's cap), speculation and a cap on long prefills. On unless ``enabled = false``.
 
     On by default because an engine started too small (a ``--max-num-seqs`` below what the
     GPU serves) is the commonest lost capacity, and only the tuner raises it; its objective is
