@@ -394,3 +394,19 @@ def test_a_config_with_no_engines_is_refused_by_check_config_and_run(tmp_path: P
     for command in (["check-config", str(path)], ["run", "--config", str(path)]):
         result = subprocess.run([sys.executable, "-m", "guardian", *command], capture_output=True, text=True, timeout=30)
         assert result.returncode == 2 and "no [[engines]]: guardian would watch nothing" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ("", "tuner on for a (the default; [tuner] enabled = false turns it off); it restarts none of them (no [engines.restart])"),
+        ('[engines.restart]\nlauncher = "systemd"\nunit = "vllm.service"\nenv_file = "/var/lib/g/a.env"\n',
+         "it may restart a to tune them (at most 3 a day"),
+        ("[tuner]\nenabled = false\n", "tuner off"),
+    ],
+)
+def test_check_config_says_whether_the_tuner_is_on_and_what_it_may_restart(tmp_path: Path, extra: str, says: str) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text('[[engines]]\nname = "a"\nurl = "http://127.0.0.1:8000"\n' + extra)
+    result = subprocess.run([sys.executable, "-m", "guardian", "check-config", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0 and says in result.stdout, result.stdout + result.stderr

@@ -7,6 +7,7 @@ import asyncio
 import sys
 from typing import Any, Coroutine, TypeVar
 
+from guardian import config as cfg
 from guardian import logs
 from guardian.commands.common import load_or_exit
 from guardian.daemon import Daemon, StartupError
@@ -70,6 +71,19 @@ def check_config(args: argparse.Namespace) -> int:
         f"{args.path}: OK: {len(config.engines)} engine(s), GPUs {config.gpus.select}, "
         f"poll every {g.poll_interval_seconds:g}s, listening on {g.listen}"
     )
+    print(f"{args.path}: {_tuner_line(config)}")
     for note in config.warnings():
         print(f"warning: {note}")
     return 0
+
+
+def _tuner_line(config: cfg.Config) -> str:
+    """What the tuner will do, said at check time: it is on by default and may restart engines, which an upgrade should not hide."""
+    tuned = [e for e in config.engines if config.tuned(e.name)]
+    if not tuned:
+        return "tuner off"
+    restarts = [e.name for e in tuned if e.restart is not None]
+    may = (f"; it may restart {', '.join(restarts)} to tune them (at most {config.tuner.restarts_per_day} a day, inside "
+           "[tuner] windows)" if restarts else "; it restarts none of them (no [engines.restart])")  # fmt: skip
+    may += "; it sets the ceiling of the gateway's cap" if config.gateway is not None else ""
+    return f"tuner on for {', '.join(e.name for e in tuned)} (the default; [tuner] enabled = false turns it off){may}"
