@@ -55,8 +55,10 @@ def test_long_prompts_holding_short_ones_back_get_vllms_long_prefill_cap_by_one_
     assert dict(untuned.restarts) == {}
     assert dict(tuned.restarts) == {"tune_long_prefill": 1} and tuned.cut_by_restart == 0
 
+    from efficacy_scoring import quantile  # bench/, on the path once efficacy.py is loaded
+
     def late_p99(r: object) -> float:
-        return sorted(r.late_short_ttft)[int(0.99 * len(r.late_short_ttft))]  # type: ignore[attr-defined]
+        return quantile(r.late_short_ttft, 0.99)  # type: ignore[attr-defined]
 
     assert late_p99(untuned) > 1.0  # a short prompt behind a 30k-token prefill waits for all of it
     assert late_p99(tuned) < late_p99(untuned) / 3  # once vLLM caps each prefill's share of a step

@@ -300,9 +300,8 @@ def test_a_smaller_batch_for_preemptions_that_continue_is_undone_and_the_ceiling
 
 def _blocked(n: int, **kw) -> list[Reading]:
     """Short requests waiting ~1.5 s in vLLM's queue behind long prompts' prefill, with seats and KV to spare."""
-    base = {"latency": 1.6, "utilization": 1.0, "gateway_queued": 20, "waiting": 2, "running": 4, "kv_usage": 0.4,
-            "preemptions_per_second": 0.0, "queue_p99": 1.5, "long_in_flight": True}
-    return [Reading(**{**base, **kw}) for _ in range(n)]  # type: ignore[arg-type]
+    base = {"waiting": 2, "running": 4, "kv_usage": 0.4, "preemptions_per_second": 0.0, "queue_p99": 1.5, "long_in_flight": True}
+    return steady(1.6, n, queued=20, **{**base, **kw})
 
 
 def test_requests_waiting_in_vllm_behind_long_prefills_cap_them_by_one_restart_even_without_an_slo() -> None:

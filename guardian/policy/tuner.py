@@ -261,14 +261,20 @@ def slo_in_force(s: TunerState, p: TunerParams, limits: Limits) -> tuple[Slo | N
     return slo, refused
 
 
-def _unloaded(known: float | None, recent: tuple[tuple[float, Reading], ...], t: float, p: TunerParams) -> float | None:
-    """The lowest P99 over a full window in which nothing waited inside vLLM (the gateway's queue is not in its P99)."""
+def _full_window(recent: tuple[tuple[float, Reading], ...], t: float, p: TunerParams) -> list[Reading] | None:
+    """The readings of the last ``window_seconds``, once they span nearly all of it (None: not yet)."""
     window = [(at, x) for at, x in recent if t - at < p.window_seconds]
     if len(window) < p.min_samples or t - window[0][0] < 0.9 * p.window_seconds:
+        return None
+    return [x for _, x in window]
+
+
+def _unloaded(known: float | None, recent: tuple[tuple[float, Reading], ...], t: float, p: TunerParams) -> float | None:
+    """The lowest P99 over a full window in which nothing waited inside vLLM (the gateway's queue is not in its P99)."""
+    window = _full_window(recent, t, p)
+    if window is None or any(x.latency is None or x.waiting > 0 for x in window):
         return known
-    if any(x.latency is None or x.waiting > 0 for _, x in window):
-        return known
-    worst = max(x.latency for _, x in window if x.latency is not None)
+    worst = max(x.latency for x in window if x.latency is not None)
     return worst if known is None else min(known, worst)
 
 
@@ -284,8 +290,8 @@ def _blocked_by_long_prefill(s: TunerState, t: float, p: TunerParams) -> bool:
     prefill's share of a step while others wait (vLLM's V1 scheduler; alone, a prompt still
     takes the whole budget).
     """
-    window = [x for at, x in s.recent if t - at < p.window_seconds]
-    if len(window) < p.min_samples or t - s.recent[0][0] < 0.9 * p.window_seconds:
+    window = _full_window(s.recent, t, p)
+    if window is None:
         return False
     waited = all(x.queue_p99 is not None and x.queue_p99 > p.blocked_queue_seconds for x in window)
     roomy = all(x.kv_usage is not None and x.kv_usage < p.kv_spare_below
