@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from guardian import cli, status_json
+from guardian import cli, logs, status_json
 from guardian.commands import replay
 from guardian import config as cfg
 from guardian.daemon import Daemon
@@ -92,6 +92,7 @@ async def test_a_queue_behind_a_small_batch_raises_the_engine_limit_once_and_the
 
 
 async def test_dry_run_plans_the_tuner_moves_and_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure("console", "info")  # what `guardian run` logs at: another test may have left it at "error"
     daemon, launcher, decisions, _, _ = await _play(tmp_path, 12, dry_run=True)
     planned = [a for d in decisions for a in d["actions"] if a["kind"] in ("tune", "restart")]
     assert planned and planned[0]["kind"] == "tune"
