@@ -271,3 +271,38 @@ def test_a_spike_still_up_when_the_engine_dies_is_no_step_where_spikes_like_it_w
     values = _noisy([(600, 50 * GiB)] + spikes + [(1200, 50 * GiB), (900, 52 * GiB), (5, 0.0)])
     _, reports = _run(values, budget=100 * GiB)
     assert [(round(s.size / GiB), s.ended_by) for s in reports[-1].steps if s.ended_by != "transient"] == [(2, "restart")]
+
+
+def _tooth(t: float, period: float = 1200.0, height: float = 3.2 * GiB) -> float:
+    """A slow sawtooth: up over a period, down at once."""
+    return (t % period) / period * height
+
+
+def test_steps_high_on_a_slow_tooth_count_when_the_tooth_falls_and_when_an_out_of_memory_cuts_them_short() -> None:
+    # 1.6 GiB steps late in 20-minute teeth of 3.2 GiB: each tooth's fall takes the readings below where
+    # the step rose from, never below the floor it lifted; the last two are within a window of the OOM
+    steps = [3000 + 1200 * k + 950 for k in range(5)]  # three quarters up a tooth, a tooth apart
+    steps[-1] = steps[-2] + 900
+    end = steps[-1] + 1100
+    times = range(end)
+    rng = random.Random(3)
+    values = [60 * GiB + _tooth(t) + 1.6 * GiB * sum(t >= at for at in steps) + rng.gauss(0, 0.02 * GiB) for t in times]
+    det, reports = _run(values + [0.0] * 5, budget=80 * GiB, capacity=80 * GiB)
+    found = [s for s in reports[-1].steps if s.ended_by != "transient"]
+    assert [round(s.t) for s in found] == steps
+    assert all(s.ended_by == "restart" and s.size == pytest.approx(1.6 * GiB, rel=0.15) for s in found)
+
+
+def test_a_step_held_until_a_gap_in_the_log_is_reported_though_the_memory_is_lower_after_it() -> None:
+    # nvidia-smi stopped 10 minutes after the step and ran again two hours later, the step gone (the engine
+    # restarted meanwhile, unseen): the step held as long as the log showed it, no transient
+    step_at, stop, resume = 4000, 4600, 4600 + 7200
+    times = [*range(stop), *range(resume, resume + 3 * 3600)]
+    values = _noisy([(len(times), 60 * GiB)])
+    values = [v + (1.6 * GiB if step_at <= t < stop else 0.0) for t, v in zip(times, values)]
+    det = LeakDetector(80 * GiB, 80 * GiB)
+    for t, v in zip(times, values):
+        det.update(float(t), v)
+    (step,) = det.finish(float(times[-1])).steps
+    assert step.ended_by == "freed" and step.given_back_at is not None and step.given_back_at > resume
+    assert round(step.t) == step_at and step.size == pytest.approx(1.6 * GiB, rel=0.15)

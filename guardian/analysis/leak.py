@@ -220,7 +220,8 @@ class LeakDetector:
         spiky = t - self._jump_back_t < self.p.max_envelope_seconds
         long_aged = max(self.p.hold_seconds, self._window(t))
         rises = [(b[0], rise) for a, b in zip(raw, raw[1:]) if (rise := b[1] - a[1]) > tau
-                 and t - b[0] >= (long_aged if spiky and self._jump_back >= 0.5 * rise else aged)]  # fmt: skip
+                 and t - b[0] >= (long_aged if spiky and self._jump_back >= 0.5 * rise
+                                  and not _came_down(raw, b[0], rise) else aged)]  # fmt: skip
         floor = self._level
         for when, rise in held_rises(rises, raw, self._level):
             self._add(Step(t=when, size=rise, found_at=t, before=floor))
@@ -243,6 +244,11 @@ class LeakDetector:
         self._level = self._env.min_since(t - self.p.envelope_seconds)
         if self._base is None:
             self._base = self._level
+        # after a gap in the log the memory may be back under steps held before it (a restart unseen)
+        for i, step in enumerate(self._steps):
+            if step.given_back_at is None and self._level <= step.before + step.size / 2:
+                self._steps[i] = replace(step, given_back_at=t, ended_by="freed")
+                self._ended.append(self._steps[i])
         self._touch, self._touch_floor = t, -math.inf  # the first return to the floor starts the count
         self._quiet_since = t
         self._floor_t = -math.inf
@@ -339,7 +345,9 @@ class LeakDetector:
                 self._pending.append((t, before, value - before))
         if not self._pending:
             return ()
-        kept = [(s, b, r) for s, b, r in self._pending if value >= b + 0.5 * r]
+        # given back: under half the jump above where it rose from, or above the floor if that is lower (a
+        # step on a tooth's high phase stays above the trough it came from when the tooth falls)
+        kept = [(s, b, r) for s, b, r in self._pending if value >= min(b, self._level) + 0.5 * r]
         if len(kept) < len(self._pending):  # given back: jumps like it belong to the background here
             self._jump_back_t = t
             self._jump_back = max(r for s, b, r in self._pending if (s, b, r) not in kept)
@@ -356,7 +364,7 @@ class LeakDetector:
         step = Step(t=when, size=rise, found_at=t, before=self._level)
         self._level += rise
         self._candidate = None
-        self._quiet_since = t
+        self._quiet_since = when + self._dt / 2  # the readings after its jump may show more steps
         self._noise.floors.clear()
         self._add(step)
         return (step,)
@@ -376,7 +384,8 @@ class LeakDetector:
             return ()  # drift, not a step
         if not found and visible:
             return ()  # the readings would show a jump this big, and show none: the floor crept
-        self._quiet_since = t
+        # what the readings showed up to here is accounted for: the last jump found, else all of it
+        self._quiet_since = found[-1][0] + self._dt / 2 if found else t
         self._noise.floors.clear()  # the floor's jitter is measured between steps, not across them
         if len(found) > 1:  # steps closer than the background's period: the readings show each one
             steps, floor = [], level
@@ -436,7 +445,9 @@ class LeakDetector:
                 lambda i: floor <= self._steps[i].before + self._steps[i].size / 2, reversed(held)))  # fmt: skip
         for i in chosen:
             step = self._steps[i]
-            why = "transient" if sank or t - step.found_at <= self.p.regret_seconds else "freed"
+            # a step held until a gap in the log is no transient, however soon after the gap the floor fell
+            fleeting = sank or t - step.found_at <= self.p.regret_seconds
+            why = "transient" if fleeting and step.found_at >= self._loaded_at else "freed"
             self._steps[i] = replace(step, given_back_at=t, ended_by=why)
             self._ended.append(self._steps[i])
         self._level = floor
@@ -472,3 +483,11 @@ class LeakDetector:
             self._creep_since = t
         return judge(t, tuple(self._steps), self._level, overhang, rise, self._creep_since, self.capacity, self.budget,
                      self.p, new, ended, warming_up)  # fmt: skip
+
+
+def _came_down(raw: list[tuple[float, float]], when: float, rise: float) -> bool:
+    """The readings after a jump fell by half of it and rose again: a trough of the background came and
+    went on top of it (``held_rises`` checks it stayed up), where a spike still up would not have."""
+    after = [v for s, v in raw if s >= when]
+    low = min(range(len(after)), key=after.__getitem__)
+    return max(after[: low + 1]) - after[low] >= 0.5 * rise and max(after[low:]) - after[low] >= 0.5 * rise
