@@ -306,3 +306,15 @@ def test_a_step_held_until_a_gap_in_the_log_is_reported_though_the_memory_is_low
     (step,) = det.finish(float(times[-1])).steps
     assert step.ended_by == "freed" and step.given_back_at is not None and step.given_back_at > resume
     assert round(step.t) == step_at and step.size == pytest.approx(1.6 * GiB, rel=0.15)
+
+
+def test_a_triangle_sampled_every_minute_from_the_first_reading_makes_no_steps() -> None:
+    # the log starts on a serving engine, a 21-minute triangle's rising flank first: every reading rises a
+    # little more than noise; a jump held for a window less the flank's own rise is nothing
+    period = 1275.0
+    times = [60.0 * i for i in range(6 * 60)]
+    values = [60 * GiB + 3.1 * GiB * (2 * x if x < 0.5 else 2 - 2 * x) for x in ((t / period + 0.02) % 1.0 for t in times)]
+    det = LeakDetector(80 * GiB, 80 * GiB)
+    reports = [det.update(t, v) for t, v in zip(times, values)]
+    assert all(s.size > 0 for s in reports[-1].steps)
+    assert [s for s in reports[-1].steps if s.ended_by != "transient"] == []

@@ -361,6 +361,8 @@ class LeakDetector:
         earlier = [v for s, v in self._raw if when - window <= s < when]
         drift = median(b - a for a, b in zip(earlier, earlier[1:])) if len(earlier) > 2 else 0.0
         rise -= max(0.0, drift)
+        if rise < tau:
+            return ()  # the background's own rise, read a reading at a time (a flank sampled slowly)
         step = Step(t=when, size=rise, found_at=t, before=self._level)
         self._level += rise
         self._candidate = None
