@@ -45,9 +45,11 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    size of (a spike that held a step inside it leaves the step):
    ``transient`` if that happens within ``regret_seconds`` of their finding
    (a long spike, a tooth) or the floor sank back slowly rather than fell
-   (an aliased sawtooth: up at once, down for hours), ``freed`` otherwise;
-   a fall of ``restart_drop_ratio`` is a restart and gives back everything
-   (``restart``).
+   (an aliased sawtooth: up at once, down for hours), ``freed`` otherwise
+   (always for a step held until a gap in the log: it held as long as the
+   log showed it); a fall of ``restart_drop_ratio`` is a restart and gives
+   back everything (``restart``); memory that resumes after a gap under a
+   step's middle gives it back (``freed``: a restart nobody logged).
 
 Why an envelope rather than a CUSUM on a median, or a regression
 (``predict_linear``): both see a sawtooth's flank as a rise and a spike as
@@ -71,7 +73,7 @@ from guardian.analysis.leak_rule import LeakParams, LeakReport, Step, judge
 from guardian.analysis.model_load import Load
 from guardian.analysis.noise import Noise
 from guardian.analysis.period import Excursions
-from guardian.analysis.step_shape import change_point, held_rises, jumps, moved_within, step_size
+from guardian.analysis.step_shape import came_down, change_point, held_rises, jumps, moved_within, step_size
 
 
 @dataclass
@@ -221,7 +223,7 @@ class LeakDetector:
         long_aged = max(self.p.hold_seconds, self._window(t))
         rises = [(b[0], rise) for a, b in zip(raw, raw[1:]) if (rise := b[1] - a[1]) > tau
                  and t - b[0] >= (long_aged if spiky and self._jump_back >= 0.5 * rise
-                                  and not _came_down(raw, b[0], rise) else aged)]  # fmt: skip
+                                  and not came_down(raw, b[0], rise) else aged)]  # fmt: skip
         floor = self._level
         for when, rise in held_rises(rises, raw, self._level):
             self._add(Step(t=when, size=rise, found_at=t, before=floor))
@@ -245,10 +247,7 @@ class LeakDetector:
         if self._base is None:
             self._base = self._level
         # after a gap in the log the memory may be back under steps held before it (a restart unseen)
-        for i, step in enumerate(self._steps):
-            if step.given_back_at is None and self._level <= step.before + step.size / 2:
-                self._steps[i] = replace(step, given_back_at=t, ended_by="freed")
-                self._ended.append(self._steps[i])
+        self._end_held(t, "freed", under=self._level)
         self._touch, self._touch_floor = t, -math.inf  # the first return to the floor starts the count
         self._quiet_since = t
         self._floor_t = -math.inf
@@ -460,9 +459,10 @@ class LeakDetector:
         self._steps.append(step)
         del self._steps[: -self._history_limit]
 
-    def _end_held(self, t: float, why: str) -> None:
+    def _end_held(self, t: float, why: str, under: float = -math.inf) -> None:
+        """Give back the held steps, or those whose middle the floor ``under`` is below."""
         for i, step in enumerate(self._steps):
-            if step.given_back_at is None:
+            if step.given_back_at is None and under <= step.before + step.size / 2:
                 self._steps[i] = replace(step, given_back_at=t, ended_by=why)
                 self._ended.append(self._steps[i])
 
@@ -486,10 +486,3 @@ class LeakDetector:
         return judge(t, tuple(self._steps), self._level, overhang, rise, self._creep_since, self.capacity, self.budget,
                      self.p, new, ended, warming_up)  # fmt: skip
 
-
-def _came_down(raw: list[tuple[float, float]], when: float, rise: float) -> bool:
-    """The readings after a jump fell by half of it and rose again: a trough of the background came and
-    went on top of it (``held_rises`` checks it stayed up), where a spike still up would not have."""
-    after = [v for s, v in raw if s >= when]
-    low = min(range(len(after)), key=after.__getitem__)
-    return max(after[: low + 1]) - after[low] >= 0.5 * rise and max(after[low:]) - after[low] >= 0.5 * rise

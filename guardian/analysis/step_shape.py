@@ -115,6 +115,13 @@ def jumps(raw: Readings, level: float, size: float, tau: float) -> tuple[list[tu
     return [(when, rise * size / total) for when, rise in found], visible
 
 
+def came_down(raw: Readings, when: float, rise: float) -> bool:
+    """The readings after a jump fell by half of it and rose again: a trough of the background came and
+    went on top of it (``held_rises`` checks it stayed up), where a spike still up would not have."""
+    after = [v for s, v in raw if s >= when]
+    low = min(range(len(after)), key=after.__getitem__)
+    return max(after[: low + 1]) - after[low] >= 0.5 * rise and max(after[low:]) - after[low] >= 0.5 * rise
+
 def _unmatched_rises(moves: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The rises no later fall of about their size gave back, oldest first.
 
@@ -138,3 +145,4 @@ def _unmatched_rises(moves: list[tuple[float, float]]) -> list[tuple[float, floa
 def _alike(a: float, b: float) -> bool:
     """Two moves of about one size: one could be the other given back."""
     return 0.67 * b <= a <= 1.5 * b
+
