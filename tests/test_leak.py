@@ -287,7 +287,7 @@ def test_steps_high_on_a_slow_tooth_count_when_the_tooth_falls_and_when_an_out_o
     times = range(end)
     rng = random.Random(3)
     values = [60 * GiB + _tooth(t) + 1.6 * GiB * sum(t >= at for at in steps) + rng.gauss(0, 0.02 * GiB) for t in times]
-    det, reports = _run(values + [0.0] * 5, budget=80 * GiB, capacity=80 * GiB)
+    _, reports = _run(values + [0.0] * 5, budget=80 * GiB, capacity=80 * GiB)
     found = [s for s in reports[-1].steps if s.ended_by != "transient"]
     assert [round(s.t) for s in found] == steps
     assert all(s.ended_by == "restart" and s.size == pytest.approx(1.6 * GiB, rel=0.15) for s in found)
@@ -312,9 +312,8 @@ def test_a_triangle_sampled_every_minute_from_the_first_reading_makes_no_steps()
     # the log starts on a serving engine, a 21-minute triangle's rising flank first: every reading rises a
     # little more than noise; a jump held for a window less the flank's own rise is nothing
     period = 1275.0
-    times = [60.0 * i for i in range(6 * 60)]
-    values = [60 * GiB + 3.1 * GiB * (2 * x if x < 0.5 else 2 - 2 * x) for x in ((t / period + 0.02) % 1.0 for t in times)]
-    det = LeakDetector(80 * GiB, 80 * GiB)
-    reports = [det.update(t, v) for t, v in zip(times, values)]
+    phases = ((60.0 * i / period + 0.02) % 1.0 for i in range(6 * 60))
+    values = [60 * GiB + 3.1 * GiB * (2 * x if x < 0.5 else 2 - 2 * x) for x in phases]
+    _, reports = _run(values, budget=80 * GiB, capacity=80 * GiB, dt=60.0)
     assert all(s.size > 0 for s in reports[-1].steps)
     assert [s for s in reports[-1].steps if s.ended_by != "transient"] == []

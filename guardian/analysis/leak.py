@@ -486,4 +486,3 @@ class LeakDetector:
             self._creep_since = t
         return judge(t, tuple(self._steps), self._level, overhang, rise, self._creep_since, self.capacity, self.budget,
                      self.p, new, ended, warming_up)  # fmt: skip
-

@@ -122,6 +122,7 @@ def came_down(raw: Readings, when: float, rise: float) -> bool:
     low = min(range(len(after)), key=after.__getitem__)
     return max(after[: low + 1]) - after[low] >= 0.5 * rise and max(after[low:]) - after[low] >= 0.5 * rise
 
+
 def _unmatched_rises(moves: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The rises no later fall of about their size gave back, oldest first.
 
@@ -145,4 +146,3 @@ def _unmatched_rises(moves: list[tuple[float, float]]) -> list[tuple[float, floa
 def _alike(a: float, b: float) -> bool:
     """Two moves of about one size: one could be the other given back."""
     return 0.67 * b <= a <= 1.5 * b
-
