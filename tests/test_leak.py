@@ -87,6 +87,27 @@ def test_a_step_inside_a_spike_is_the_step_and_the_spike_is_none() -> None:
     assert 2000 <= step.t <= 2005 and step.size == pytest.approx(2 * GiB, rel=0.1)
 
 
+@pytest.mark.parametrize("dt", [1, 5])
+def test_a_step_taken_while_a_long_spike_is_up_stays_when_the_spike_falls(dt: int) -> None:
+    # spikes like it come and go; one lasts longer than a hold and the leak steps 100 s into it: found
+    # together, the two are one step, and the spike's fall gives back only the spike
+    segments = [(1800, 50 * GiB)] + [(40, 54 * GiB), (260, 50 * GiB)] * 12
+    segments += [(100, 54 * GiB), (150, 56 * GiB), (260, 52 * GiB)] + [(40, 56 * GiB), (260, 52 * GiB)] * 12
+    _, reports = _run(_noisy(segments)[::dt], budget=100 * GiB, dt=float(dt))
+    (step,) = [s for s in reports[-1].steps if s.ended_by != "transient"]
+    assert 5500 <= step.t <= 5500 + 2 * dt and step.size == pytest.approx(2 * GiB, rel=0.1)
+
+
+def test_a_step_inside_a_spike_sampled_once_is_found_from_the_reading_after_the_spike() -> None:
+    # a minute's spikes every 10 min sampled every minute: one reading each; the leak steps 40 s into one,
+    # so the readings go up by the spike and back down by less: what stays is the step
+    segments = [(1800, 50 * GiB)] + [(60, 54 * GiB), (540, 50 * GiB)] * 8
+    segments += [(40, 54 * GiB), (20, 56 * GiB), (540, 52 * GiB)] + [(60, 56 * GiB), (540, 52 * GiB)] * 8
+    _, reports = _run(_noisy(segments)[::60], budget=100 * GiB, dt=60.0)
+    (step,) = [s for s in reports[-1].steps if s.ended_by != "transient"]
+    assert step.t == 6660 and step.size == pytest.approx(2 * GiB, rel=0.1)  # the step was at 6640: never before
+
+
 def test_a_floor_that_jumps_and_sinks_back_slowly_is_no_step() -> None:
     # a sawtooth sampled slower than its period: its lowest reading wraps up at once, then drifts down for hours
     up, down = 3600, 3 * 3600

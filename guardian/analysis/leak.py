@@ -455,6 +455,30 @@ class LeakDetector:
         self._below_since = None
         if chosen:  # a floor that only sank to a trough accounts for no jump before it
             self._quiet_since = t
+            oldest = self._steps[chosen[-1]]
+            if not sank and oldest.ended_by == "transient":  # a spike's fall, not memory freed later
+                for step in self._left_up(t, oldest, floor, window):
+                    self._add(step)
+
+    def _left_up(self, t: float, step: Step, floor: float, window: float) -> list[Step]:
+        """What a fall left standing of a step it gave back: a leak's step taken while a spike was up.
+
+        Found together with the spike (both inside one hold), the two are one step; the spike's fall
+        gives back only its own part, and the readings show the leak's jump inside it.
+        """
+        # less what steps still held since its jump account for (one found twice, by its jump and the floor)
+        rest = floor - step.before - sum(s.size for s in self._steps if s.given_back_at is None and s.t >= step.t - 1.5 * self._dt)
+        if rest < 1.5 * self._k():
+            return []
+        raw = [(s, v) for s, v in self._raw if s >= step.t - 1.5 * self._dt]  # from the reading before its jump
+        found, _ = jumps(raw, step.before, rest, self._noise.jump_threshold(self._k()))
+        if not found:
+            found = [(max(step.t, change_point(raw, floor, rest, window, self._noise.sigma)), rest)]
+        steps, level = [], step.before
+        for when, rise in found:
+            steps.append(Step(t=when, size=rise, found_at=t, before=level))
+            level += rise
+        return steps
 
     def _add(self, step: Step) -> None:
         self._steps.append(step)

@@ -63,7 +63,9 @@ def change_point(raw: Readings, new_floor: float, size: float, window: float, si
     before = sorted(v for s, v in raw if start - window <= s < start)
     if before:
         top = before[int(0.98 * (len(before) - 1))] + margin
-        proof = next((s for s, v in raw if s >= start and v > top), None)
+        # the step lifts the readings by its size: one higher still sits on an excursion (a spike that
+        # held the step inside it), which the old readings may not have shown and proves nothing
+        proof = next((s for s, v in raw if s >= start and top < v <= top + size), None)
         if proof is not None:
             return proof
     return next((s for s, v in raw if s >= start and v <= new_floor + margin), start)
@@ -97,6 +99,11 @@ def jumps(raw: Readings, level: float, size: float, tau: float) -> tuple[list[tu
         move = raw[i][1] - raw[i - 1][1]
         if last == i - 1 and sign * move > tau / 3:
             found[-1] = (found[-1][0], found[-1][1] + move)
+            last = i
+        elif last == i - 1 and sign > 0 and tau < -move < 0.67 * found[-1][1]:
+            # up one reading and partly down the next: a spike that held a step inside it, sampled too
+            # slowly to show the step's own jump; the step is what stays, seen from the lower reading
+            found[-1] = (raw[i][0], found[-1][1] + move)
             last = i
         elif abs(move) > tau:
             found.append((raw[i][0], move))
