@@ -7,7 +7,7 @@ readings it sees, and lags them by a window).
 
 from __future__ import annotations
 
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from typing import Iterable, Sequence
 
 Readings = Sequence[tuple[float, float]]
@@ -50,7 +50,11 @@ def change_point(raw: Readings, new_floor: float, size: float, window: float, si
     After the last reading under the new floor the step may have happened at any
     time; the first reading above the old readings' top proves it had (on a flat
     series that is the step's first reading, on a sawtooth the first tooth that
-    peaks higher). Without such a reading, the first one on the new floor.
+    peaks higher), if it is no higher than the step could lift that top (one
+    higher sits on an excursion the old readings may not have shown: a spike that
+    held the step inside it) and, where the readings repeat themselves, the next
+    one is above the top too (one alone may be noise: the top's margin is at most
+    half the step). Without such a reading, the first one on the new floor.
     """
     margin = min(0.5 * size, max(0.25 * size, 2 * sigma))
     start = None
@@ -63,9 +67,9 @@ def change_point(raw: Readings, new_floor: float, size: float, window: float, si
     before = sorted(v for s, v in raw if start - window <= s < start)
     if before:
         top = before[int(0.98 * (len(before) - 1))] + margin
-        # the step lifts the readings by its size: one higher still sits on an excursion (a spike that
-        # held the step inside it), which the old readings may not have shown and proves nothing
-        proof = next((s for s, v in raw if s >= start and top < v <= top + size), None)
+        # where no two in a row are above the top (a fast background sampled slowly), the first alone
+        proofs = [(a[0], top < b[1]) for a, b in pairwise(raw) if a[0] >= start and top < a[1] <= top + size]
+        proof = next((s for s, paired in proofs if paired), proofs[0][0] if proofs else None)
         if proof is not None:
             return proof
     return next((s for s, v in raw if s >= start and v <= new_floor + margin), start)
