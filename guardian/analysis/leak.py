@@ -36,13 +36,17 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    Sooner: a jump between two readings that holds for a window is a step
    at once (on a slow sawtooth a period before the floor shows it), unless
    jumps like it were given back lately (spikes, an aliased sawtooth).
-4. **When.** The jump where the readings show one; else the first reading
-   that proves the step (above the old readings' top), else the first on
-   the new floor; never the start of the flank it may sit on.
+4. **When.** The jump where the readings show one (a spike sampled once
+   that came down less than it went up: the lower reading); else the first
+   reading that proves the step (above the old readings' top, no higher
+   than the step lifts it, and with the next one above it too where the
+   readings repeat: ``step_shape.change_point``), else the first on the new
+   floor; never the start of the flank it may sit on.
 5. **Given back.** The envelope below the floor for a hold gives the newest
    steps back, each once it is under the step's middle (so a floor sinking
    by degrees gives it back too), or the one recent step the fall is the
-   size of (a spike that held a step inside it leaves the step):
+   size of (a spike that held a step inside it leaves the step; one held
+   with the step inside it leaves the step its readings show):
    ``transient`` if that happens within ``regret_seconds`` of their finding
    (a long spike, a tooth) or the floor sank back slowly rather than fell
    (an aliased sawtooth: up at once, down for hours), ``freed`` otherwise
