@@ -5,6 +5,7 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,15 +203,20 @@ def test_realistic_leak_free_logs_get_no_leak_verdict(tmp_path: Path, background
     assert all(not gpu["leak"] and not gpu["live_alarms"] for gpu in json.loads(result.stdout))
 
 
+def _seeded_gpu(tmp_path: Path, log: smi_logs.Log, gpu: int) -> tuple[dict[str, Any], list[float]]:
+    """One GPU of a seeded benchmark log through ``guardian analyze --json``: its verdict, and its steps' times."""
+    (tmp_path / "smi.csv").write_text(log.text)
+    (found,) = [g for g in json.loads(_analyze(str(tmp_path / "smi.csv"), "--json").stdout) if g["gpu"] == str(gpu)]
+    return found, [datetime.strptime(s["at"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp() for s in found["steps"]]
+
+
 def test_every_step_of_a_leak_on_a_slow_sawtooth_is_found_up_to_the_out_of_memory(tmp_path: Path) -> None:
     """A 19-minute sawtooth and 5% steps, the out-of-memory 22 minutes after the third: the floor sank to a
     trough in between (giving nothing back), and the third step is found only from its jump when the engine dies."""
     log = smi_logs.generate(200014, 1, "slow-sawtooth", 0.05)  # a seeded log of the benchmark's held-out set
     truth = log.gpus[2]
     assert len(truth.steps) == 4 and len(truth.restarts) == 1 and not log.gaps
-    (tmp_path / "smi.csv").write_text(log.text)
-    (gpu,) = [g for g in json.loads(_analyze(str(tmp_path / "smi.csv"), "--json").stdout) if g["gpu"] == "2"]
-    found = [datetime.strptime(s["at"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp() for s in gpu["steps"]]
+    gpu, found = _seeded_gpu(tmp_path, log, 2)
     assert len(found) == 4 and all(abs(f - s.t) <= 2 for f, s in zip(found, truth.steps))
     assert [s["ended_by"] for s in gpu["steps"]] == ["restart"] * 3 + [None]
 
@@ -219,11 +225,8 @@ def test_a_step_taken_while_a_spike_is_up_is_reported_when_the_spike_falls_never
     """A 2.4% step 165 s into a 4% spike, sampled every 5 s: the spike's first reading is above everything
     the readings showed before it, but higher than the step could lift them: no proof of the step."""
     log = smi_logs.generate(53, 5, "spikes", 0.02)  # a seeded log of the benchmark's tuned-on set
-    truth = log.gpus[2]
-    (step,) = [s for s in truth.steps if abs(s.t - 1772433555) < 1]
-    (tmp_path / "smi.csv").write_text(log.text)
-    (gpu,) = [g for g in json.loads(_analyze(str(tmp_path / "smi.csv"), "--json").stdout) if g["gpu"] == "2"]
-    found = [datetime.strptime(s["at"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp() for s in gpu["steps"]]
+    (step,) = [s for s in log.gpus[2].steps if abs(s.t - 1772433555) < 1]
+    _, found = _seeded_gpu(tmp_path, log, 2)
     assert not [f for f in found if step.t - 600 <= f < step.t]
     assert [f for f in found if step.t <= f <= step.t + 60]
 
@@ -234,8 +237,6 @@ def test_a_small_step_on_a_slow_sawtooth_is_not_dated_by_one_noisy_reading_above
     log = smi_logs.generate(40, 5, "slow-sawtooth", 0.003)  # a seeded log of the benchmark's tuned-on set
     truth = log.gpus[1]
     (step,) = [s for s in truth.steps if abs(s.t - 1772500963) < 1]
-    (tmp_path / "smi.csv").write_text(log.text)
-    (gpu,) = [g for g in json.loads(_analyze(str(tmp_path / "smi.csv"), "--json").stdout) if g["gpu"] == "1"]
-    found = [datetime.strptime(s["at"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp() for s in gpu["steps"]]
+    _, found = _seeded_gpu(tmp_path, log, 1)
     assert not [f for f in found if step.t - 900 <= f < step.t]
     assert [f for f in found if step.t <= f <= step.t + truth.period + 300]
