@@ -67,7 +67,8 @@ def change_point(raw: Readings, new_floor: float, size: float, window: float, si
     before = sorted(v for s, v in raw if start - window <= s < start)
     if before:
         top = before[int(0.98 * (len(before) - 1))] + margin
-        # where no two in a row are above the top (a fast background sampled slowly), the first alone
+        # where no two in a row are above the top (a fast background sampled slowly), the first alone; the
+        # newest reading, with no next one to confirm it, proves nothing (the first on the new floor dates it then)
         proofs = [(a[0], top < b[1]) for a, b in pairwise(raw) if a[0] >= start and top < a[1] <= top + size]
         proof = next((s for s, paired in proofs if paired), proofs[0][0] if proofs else None)
         if proof is not None:
