@@ -207,7 +207,8 @@ def _seeded_gpu(tmp_path: Path, log: smi_logs.Log, gpu: int) -> tuple[dict[str, 
     """One GPU of a seeded benchmark log through ``guardian analyze --json``: its verdict, and its steps' times."""
     (tmp_path / "smi.csv").write_text(log.text)
     (found,) = [g for g in json.loads(_analyze(str(tmp_path / "smi.csv"), "--json").stdout) if g["gpu"] == str(gpu)]
-    return found, [datetime.strptime(s["at"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp() for s in found["steps"]]
+    when = [datetime.strptime(s["at"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc) for s in found["steps"]]
+    return found, [w.timestamp() for w in when]
 
 
 def test_every_step_of_a_leak_on_a_slow_sawtooth_is_found_up_to_the_out_of_memory(tmp_path: Path) -> None:

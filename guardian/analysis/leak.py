@@ -471,10 +471,11 @@ class LeakDetector:
         gives back only its own part, and the readings show the leak's jump inside it.
         """
         # less what steps still held since its jump account for (one found twice, by its jump and the floor)
-        rest = floor - step.before - sum(s.size for s in self._steps if s.given_back_at is None and s.t >= step.t - 1.5 * self._dt)
+        since = step.t - 1.5 * self._dt  # from the reading before its jump
+        rest = floor - step.before - sum(s.size for s in self._steps if s.given_back_at is None and s.t >= since)
         if rest < 1.5 * self._k():
             return []
-        raw = [(s, v) for s, v in self._raw if s >= step.t - 1.5 * self._dt]  # from the reading before its jump
+        raw = [(s, v) for s, v in self._raw if s >= since]
         found, _ = jumps(raw, step.before, rest, self._noise.jump_threshold(self._k()))
         if not found:
             found = [(max(step.t, change_point(raw, floor, rest, window, self._noise.sigma)), rest)]
