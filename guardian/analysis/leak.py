@@ -228,10 +228,8 @@ class LeakDetector:
         rises = [(b[0], rise) for a, b in zip(raw, raw[1:]) if (rise := b[1] - a[1]) > tau
                  and t - b[0] >= (long_aged if spiky and self._jump_back >= 0.5 * rise
                                   and not came_down(raw, b[0], rise) else aged)]  # fmt: skip
-        floor = self._level
-        for when, rise in held_rises(rises, raw, self._level):
-            self._add(Step(t=when, size=rise, found_at=t, before=floor))
-            floor += rise
+        for step in _staircase(held_rises(rises, raw, self._level), self._level, t):
+            self._add(step)
         self._candidate = None
 
     def _reload(self, t: float) -> None:
@@ -393,10 +391,7 @@ class LeakDetector:
         self._quiet_since = found[-1][0] + self._dt / 2 if found else t
         self._noise.floors.clear()  # the floor's jitter is measured between steps, not across them
         if len(found) > 1:  # steps closer than the background's period: the readings show each one
-            steps, floor = [], level
-            for when, rise in found:
-                steps.append(Step(t=when, size=rise, found_at=t, before=floor))
-                floor += rise
+            steps = _staircase(found, level, t)
             for step in steps:
                 self._add(step)
             return tuple(steps)
@@ -473,17 +468,14 @@ class LeakDetector:
         # less what steps still held since its jump account for (one found twice, by its jump and the floor)
         since = step.t - 1.5 * self._dt  # from the reading before its jump
         rest = floor - step.before - sum(s.size for s in self._steps if s.given_back_at is None and s.t >= since)
-        if rest < 1.5 * self._k():
+        k = self._k()
+        if rest < 1.5 * k:
             return []
         raw = [(s, v) for s, v in self._raw if s >= since]
-        found, _ = jumps(raw, step.before, rest, self._noise.jump_threshold(self._k()))
+        found, _ = jumps(raw, step.before, rest, self._noise.jump_threshold(k))
         if not found:
             found = [(max(step.t, change_point(raw, floor, rest, window, self._noise.sigma)), rest)]
-        steps, level = [], step.before
-        for when, rise in found:
-            steps.append(Step(t=when, size=rise, found_at=t, before=level))
-            level += rise
-        return steps
+        return _staircase(found, step.before, t)
 
     def _add(self, step: Step) -> None:
         self._steps.append(step)
@@ -515,3 +507,12 @@ class LeakDetector:
             self._creep_since = t
         return judge(t, tuple(self._steps), self._level, overhang, rise, self._creep_since, self.capacity, self.budget,
                      self.p, new, ended, warming_up)  # fmt: skip
+
+
+def _staircase(rises: list[tuple[float, float]], level: float, found_at: float) -> list[Step]:
+    """Steps from (when, rise) pairs, oldest first, each rising from where the one before it left the floor."""
+    steps = []
+    for when, rise in rises:
+        steps.append(Step(t=when, size=rise, found_at=found_at, before=level))
+        level += rise
+    return steps
