@@ -143,6 +143,21 @@ def test_a_step_under_a_tooth_taller_than_it_is_found(period: int) -> None:
     assert step_at <= step.t <= step_at + period  # on the tooth it happened in, never before it
 
 
+def test_steps_on_a_fast_tooth_aliased_by_sampling_every_minute_are_dated_at_their_first_reading() -> None:
+    """A 63.3 s tooth read every 60 s is a slow ramp that wraps every 20 readings: its wraps are jumps, and
+    its top comes round only with its phase; read a period (20 readings) apart, the readings place each step."""
+    rng = random.Random(3)
+    steps = [3 * 3600 + 1234.5 + i * 4900 for i in range(4)]
+    values = [
+        50 * GiB + (t / 63.3 % 1.0) * 2.8 * GiB + 2 * GiB * sum(t >= s for s in steps) + rng.gauss(0, 0.02 * GiB)
+        for t in range(0, 9 * 3600, 60)
+    ]
+    det, _ = _run(values, budget=100 * GiB, dt=60.0)
+    found = [s for s in det.finish(9 * 3600).steps if s.ended_by != "transient"]
+    assert len(found) == 4
+    assert all(s <= f.t <= s + 60 and f.size == pytest.approx(2 * GiB, rel=0.1) for s, f in zip(steps, found))
+
+
 def test_a_staircase_about_once_per_period_on_a_tall_slow_triangle_is_found_step_by_step() -> None:
     # the memory never comes back to an earlier trough: the period is read from the troughs, wherever they are
     period, rng = 871, random.Random(5)

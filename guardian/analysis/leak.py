@@ -35,10 +35,16 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    jumps.
    Sooner: a jump between two readings that holds for a window is a step
    at once (on a slow sawtooth a period before the floor shows it), unless
-   jumps like it were given back lately (spikes, an aliased sawtooth).
-4. **When.** The jump where the readings show one (a spike sampled once
-   that came down less than it went up: the lower reading); else the first
-   reading that proves the step (above the old readings' top, no higher
+   jumps like it were given back lately (spikes, an aliased sawtooth) or
+   the background's period places the step elsewhere (a tooth's wrap that
+   a step held up).
+4. **When.** Where the readings repeat with a period (however the sampling
+   aliases it), the first reading that the one a period before it does not
+   explain, nor any after it (``step_shape.seasonal_change``): a tooth's
+   wrap is a jump, and an aliased tooth's top comes round only with its
+   phase, so neither dates a step there. Else the jump where the readings
+   show one (a spike sampled once that came down less than it went up: the
+   lower reading); else the first reading that proves the step (above the old readings' top, no higher
    than the step lifts it, and with the next one above it too where the
    readings repeat: ``step_shape.change_point``), else the first on the new
    floor; never the start of the flank it may sit on.
@@ -77,7 +83,7 @@ from guardian.analysis.leak_rule import LeakParams, LeakReport, Step, judge
 from guardian.analysis.model_load import Load
 from guardian.analysis.noise import Noise
 from guardian.analysis.period import Excursions
-from guardian.analysis.step_shape import came_down, change_point, held_rises, jumps, moved_within, step_size
+from guardian.analysis.step_shape import came_down, change_point, held_rises, jumps, moved_within, seasonal_change, step_size
 
 
 @dataclass
@@ -364,6 +370,9 @@ class LeakDetector:
         rise -= max(0.0, drift)
         if rise < tau:
             return ()  # the background's own rise, read a reading at a time (a flank sampled slowly)
+        seasonal = seasonal_change(self._raw, self._since_last_step(when - window), rise)
+        if seasonal is not None and abs(seasonal - when) > 1.5 * self._dt:
+            return ()  # a tooth's return, held up by a step the background's period places elsewhere: the floor will tell
         step = Step(t=when, size=rise, found_at=t, before=self._level)
         self._level += rise
         self._candidate = None
@@ -396,6 +405,8 @@ class LeakDetector:
                 self._add(step)
             return tuple(steps)
         when = found[0][0] if found else change_point(self._raw, plateau, size, window, self._noise.sigma)
+        if found:  # the jump may be a tooth's return that a step held up; the period tells
+            when = seasonal_change(self._raw, self._since_last_step(when - window), size) or when
         size = step_size(self._raw, when, t, window, size) or size
         step = Step(t=when, size=size, found_at=t, before=level)
         last = self._steps[-1] if self._steps else None
@@ -407,6 +418,12 @@ class LeakDetector:
             return (step,)
         self._add(step)
         return (step,)
+
+    def _since_last_step(self, t: float) -> float:
+        """``t``, or later: not before the load ended nor before the last step held."""
+        if self._steps and self._steps[-1].given_back_at is None:
+            t = max(t, self._steps[-1].t + self._dt / 2)
+        return max(t, self._loaded_at)
 
     def _jumps(self, size: float, window: float, level: float) -> tuple[list[tuple[float, float]], bool]:
         """The rises between two readings that made this step (``step_shape.jumps``), looked for

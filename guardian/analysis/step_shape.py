@@ -8,6 +8,7 @@ readings it sees, and lags them by a window).
 from __future__ import annotations
 
 from itertools import accumulate, pairwise
+from statistics import median
 from typing import Iterable, Sequence
 
 Readings = Sequence[tuple[float, float]]
@@ -55,6 +56,7 @@ def change_point(raw: Readings, new_floor: float, size: float, window: float, si
     held the step inside it) and, where the readings repeat themselves, the next
     one is above the top too (one alone may be noise: the top's margin is at most
     half the step). Without such a reading, the first one on the new floor.
+    Where the background has a period, the period dates it first (``seasonal_change``).
     """
     margin = min(0.5 * size, max(0.25 * size, 2 * sigma))
     start = None
@@ -64,6 +66,9 @@ def change_point(raw: Readings, new_floor: float, size: float, window: float, si
         start = s
     if start is None:
         return raw[-1][0]
+    seasonal = seasonal_change(raw, start, size)
+    if seasonal is not None:
+        return seasonal
     before = sorted(v for s, v in raw if start - window <= s < start)
     if before:
         top = before[int(0.98 * (len(before) - 1))] + margin
@@ -158,3 +163,46 @@ def _unmatched_rises(moves: list[tuple[float, float]]) -> list[tuple[float, floa
 def _alike(a: float, b: float) -> bool:
     """Two moves of about one size: one could be the other given back."""
     return 0.67 * b <= a <= 1.5 * b
+
+
+def seasonal_change(raw: Readings, start: float, size: float) -> float | None:
+    """When a step of ``size`` happened after ``start``, read against the background's own period; None
+    where the readings have no period to read against (flat, spikes) or it does not explain them.
+
+    A periodic background sampled at a fixed interval repeats itself every ``lag`` readings, however
+    it aliases (a 63 s tooth read every 60 s is a slow ramp that wraps every 20 readings): a reading
+    less the one a lag before is noise, and a step lifts a lag of them in a row. That dates the step
+    to its reading where the top of a tooth (the readings' top, a jump between two readings) cannot:
+    a tooth's wrap is a jump, and an aliased tooth's top is not seen until its phase comes round.
+    The lag (at least 3 readings, so that 3 in a row confirm) is the one with the smallest median
+    difference over the newest 300 readings (a step spoils a lag of them, a median does not mind);
+    the readings after the step must stay above the lowest of the lag before it, by half the step,
+    in every lag of them (a spike comes back down).
+    """
+    values = [v for _, v in raw]
+    i0 = next((i for i, (s, _) in enumerate(raw) if s >= start), None)
+    fit = values[-300:]
+    if i0 is None or len(fit) < 24:
+        return None
+
+    def residual(lag: int) -> float:
+        return sorted(abs(b - a) for a, b in zip(fit, fit[lag:]))[(len(fit) - lag) // 2]
+
+    best = min(range(1, min(len(fit) // 3, 100) + 1), key=residual)
+    lag = best * -(-3 // best)
+    drift = abs(median(b - a for a, b in pairwise(fit)))
+    if drift < 0.5 * residual(1) and (best == 1 or residual(best) > 0.6 * residual(1)):
+        return None  # no period: noise is alike at every lag (spikes and all), and a ramp is not there
+    if lag > len(fit) // 2 or residual(lag) > min(0.25 * size, 1.5 * residual(best)):
+        return None  # the period does not explain the readings to a quarter of the step
+    first = max(i0, lag + 1)
+    up = [values[j] - values[j - lag] > 0.5 * size for j in range(first - 1, len(values))]
+    for n in range(1, len(up) - 2):
+        if up[n] and not up[n - 1] and sum(up[n : n + lag]) >= 0.8 * len(up[n : n + lag]):
+            # a noisy start of the run: where most of a lag's differences after it are up, the latest such
+            n = max((m for m in range(n, min(n + lag, len(up))) if up[m]), key=lambda m: (sum(up[m : m + lag]), m))
+            i = first - 1 + n
+            floor = min(values[i - lag : i]) + 0.5 * size
+            if all(min(values[j : j + lag]) > floor for j in range(i, len(values) - lag + 1, lag)):
+                return raw[i][0]
+    return None
