@@ -165,24 +165,17 @@ def _alike(a: float, b: float) -> bool:
     return 0.67 * b <= a <= 1.5 * b
 
 
-def seasonal_change(raw: Readings, start: float, size: float) -> float | None:
-    """When a step of ``size`` happened after ``start``, read against the background's own period; None
-    where the readings have no period to read against (flat, spikes) or it does not explain them.
+def period_lag(values: Sequence[float]) -> tuple[int, float] | None:
+    """The lag, in readings (at least 3), at which the readings repeat, and the median difference there;
+    None where they do not (flat: noise is alike at every lag; spikes) or too few are seen.
 
     A periodic background sampled at a fixed interval repeats itself every ``lag`` readings, however
-    it aliases (a 63 s tooth read every 60 s is a slow ramp that wraps every 20 readings): a reading
-    less the one a lag before is noise, and a step lifts a lag of them in a row. That dates the step
-    to its reading where the top of a tooth (the readings' top, a jump between two readings) cannot:
-    a tooth's wrap is a jump, and an aliased tooth's top is not seen until its phase comes round.
-    The lag (at least 3 readings, so that 3 in a row confirm) is the one with the smallest median
-    difference over the newest 300 readings (a step spoils a lag of them, a median does not mind);
-    the readings after the step must stay above the lowest of the lag before it, by half the step,
-    in every lag of them (a spike comes back down).
+    it aliases (a 63 s tooth read every 60 s is a slow ramp that wraps every 20 readings). The lag
+    is the one with the smallest median difference over the newest 300 readings (a step spoils a lag
+    of them, a median does not mind), a multiple of it below 3 readings so that 3 in a row confirm.
     """
-    values = [v for _, v in raw]
-    i0 = next((i for i, (s, _) in enumerate(raw) if s >= start), None)
     fit = values[-300:]
-    if i0 is None or len(fit) < 24:
+    if len(fit) < 24:
         return None
 
     def residual(lag: int) -> float:
@@ -192,9 +185,29 @@ def seasonal_change(raw: Readings, start: float, size: float) -> float | None:
     lag = best * -(-3 // best)
     drift = abs(median(b - a for a, b in pairwise(fit)))
     if drift < 0.5 * residual(1) and (best == 1 or residual(best) > 0.6 * residual(1)):
-        return None  # no period: noise is alike at every lag (spikes and all), and a ramp is not there
-    if lag > len(fit) // 2 or residual(lag) > min(0.25 * size, 1.5 * residual(best)):
-        return None  # the period does not explain the readings to a quarter of the step
+        return None  # no period: the best of a hundred lags of noise is this much better by chance
+    if lag > len(fit) // 2 or residual(lag) > 1.5 * residual(best):
+        return None
+    return lag, residual(lag)
+
+
+def seasonal_change(raw: Readings, start: float, size: float) -> float | None:
+    """When a step of ``size`` happened after ``start``, read against the background's own period; None
+    where the readings have no period to read against (flat, spikes) or it does not explain them.
+
+    Read a period apart (``period_lag``), a reading less the one before it is noise, and a step
+    lifts a period of them in a row. That dates the step to its reading where the top of a tooth
+    (the readings' top, a jump between two readings) cannot: a tooth's wrap is a jump, and an
+    aliased tooth's top is not seen until its phase comes round. The readings after the step must
+    stay above the lowest of the period before it, by half the step, in every period of them (a
+    spike comes back down).
+    """
+    values = [v for _, v in raw]
+    i0 = next((i for i, (s, _) in enumerate(raw) if s >= start), None)
+    season = period_lag(values)
+    if i0 is None or season is None or season[1] > 0.25 * size:
+        return None  # no period, or one that does not explain the readings to a quarter of the step
+    lag = season[0]
     first = max(i0, lag + 1)
     up = [values[j] - values[j - lag] > 0.5 * size for j in range(first - 1, len(values))]
     for n in range(1, len(up) - 2):
