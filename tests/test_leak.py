@@ -158,6 +158,22 @@ def test_steps_on_a_fast_tooth_aliased_by_sampling_every_minute_are_dated_at_the
     assert all(s <= f.t <= s + 60 and f.size == pytest.approx(2 * GiB, rel=0.1) for s, f in zip(steps, found))
 
 
+def test_steps_smaller_than_the_floors_jitter_under_an_aliased_tooth_are_found_read_a_period_apart() -> None:
+    """1% steps on a 5.7% tooth of 69.5 s read every 60.1 s: the floor catches the teeth at whatever phase the
+    sampling brings round, so it jitters by more than the steps (k is 0.6% here); read 37 readings apart (a whole
+    number of teeth, nearly) the readings are quiet, and each step stands out of them."""
+    rng = random.Random(4)
+    steps = [3 * 3600 + 1234.5 + i * 4900 for i in range(5)]
+    values = [
+        50 * GiB + (t / 69.5 % 1.0) * 5.7 * GiB + GiB * sum(t >= s for s in steps) + rng.gauss(0, 0.02 * GiB)
+        for t in (i * 60.1 for i in range(int((steps[-1] + 7200) / 60.1)))
+    ]
+    det, _ = _run(values, budget=100 * GiB, dt=60.1)
+    found = det.finish(len(values) * 60.1).steps
+    assert len(found) == 5 and all(f.ended_by is None for f in found)
+    assert all(s <= f.t <= s + 60.1 and f.size == pytest.approx(GiB, rel=0.15) for s, f in zip(steps, found))
+
+
 def test_a_staircase_about_once_per_period_on_a_tall_slow_triangle_is_found_step_by_step() -> None:
     # the memory never comes back to an earlier trough: the period is read from the troughs, wherever they are
     period, rng = 871, random.Random(5)

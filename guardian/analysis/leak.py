@@ -37,7 +37,12 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    at once (on a slow sawtooth a period before the floor shows it), unless
    jumps like it were given back lately (spikes, an aliased sawtooth) or
    the background's period places the step elsewhere (a tooth's wrap that
-   a step held up).
+   a step held up). Where the readings repeat with a period (in readings,
+   however the sampling aliases it: ``step_shape.period_lag``, refitted
+   every 300 readings or half an hour), a period of readings each above the one a
+   period before by more than 4× the noise there, held for two periods, is
+   a step whatever ``k`` is: an aliased tooth makes the floor jitter by
+   more than a 1% step.
 4. **When.** Where the readings repeat with a period (however the sampling
    aliases it), the first reading that the one a period before it does not
    explain, nor any after it (``step_shape.seasonal_change``): a tooth's
@@ -74,6 +79,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from bisect import insort
 from collections import deque
 from dataclasses import dataclass, replace
 from statistics import median
@@ -83,7 +89,16 @@ from guardian.analysis.leak_rule import LeakParams, LeakReport, Step, judge
 from guardian.analysis.model_load import Load
 from guardian.analysis.noise import Noise
 from guardian.analysis.period import Excursions
-from guardian.analysis.step_shape import came_down, change_point, held_rises, jumps, moved_within, seasonal_change, step_size
+from guardian.analysis.step_shape import (
+    came_down,
+    change_point,
+    held_rises,
+    jumps,
+    moved_within,
+    period_lag,
+    seasonal_change,
+    step_size,
+)
 
 
 @dataclass
@@ -131,6 +146,8 @@ class LeakDetector:
         self._steps: list[Step] = []
         self._ended: list[Step] = []  # given back since the last report
         self._history_limit = 1000
+        self._season: tuple[int, float] | None = None  # the readings' period: (lag in readings, noise at it)
+        self._season_at = 0  # the update it was fitted at
 
     # -- what the caller knows ------------------------------------------------------------
 
@@ -198,6 +215,10 @@ class LeakDetector:
         self._env.push(t, sorted((a, b, value))[1] if a is not None and b is not None else value, keep)
         if self._updates % 32 == 1:
             self._noise.estimate(reversed(self._raw))
+        if self._updates - self._season_at >= min(300, max(32, 1800 / self._dt)):
+            self._season_at = self._updates
+            recent = itertools.takewhile(lambda r: r[0] >= self._loaded_at, itertools.islice(reversed(self._raw), 300))
+            self._season = period_lag([v for _, v in recent][::-1])  # the load's readings have no period
         if self._loading is not None:
             p = self.p
             if self._loading.over(t, value, self._k(), self.budget, p.settle_seconds, p.envelope_seconds, p.warmup_seconds):
@@ -251,6 +272,7 @@ class LeakDetector:
     def _end_load(self, t: float) -> None:
         self._loading = None
         self._loaded_at = t
+        self._season = None  # fitted on the load's readings, if at all
         self._level = self._env.min_since(t - self.p.envelope_seconds)
         if self._base is None:
             self._base = self._level
@@ -304,7 +326,7 @@ class LeakDetector:
         self._trace.append((t, floor))
         while self._trace[0][0] < t - 2 * (window + p.hold_seconds):
             self._trace.popleft()
-        new = self._held_jump(t, value, k, window)
+        new = self._held_jump(t, value, k, window) or self._periodic_step(t, window)
         if new:
             return self._report(t, new)
         hold = max(p.hold_seconds, window / 2)
@@ -370,13 +392,60 @@ class LeakDetector:
         rise -= max(0.0, drift)
         if rise < tau:
             return ()  # the background's own rise, read a reading at a time (a flank sampled slowly)
-        seasonal = seasonal_change(self._raw, self._since_last_step(when - window), rise)
+        seasonal = seasonal_change(self._raw, self._since_last_step(when - window), rise, self._season)
         if seasonal is not None and abs(seasonal - when) > 1.5 * self._dt:
             return ()  # a tooth's return, held up by a step the background's period places elsewhere: the floor will tell
         step = Step(t=when, size=rise, found_at=t, before=self._level)
         self._level += rise
         self._candidate = None
         self._quiet_since = when + self._dt / 2  # the readings after its jump may show more steps
+        self._noise.floors.clear()
+        self._add(step)
+        return (step,)
+
+    def _periodic_step(self, t: float, window: float) -> tuple[Step, ...]:
+        """A period of readings each above the one a period before them, that held two periods (and a
+        window and a hold): a step, where the readings repeat with a period.
+
+        On a tall sawtooth that the sampling aliases, the floor's own jitter (the teeth's phases it
+        happens to catch) is larger than a 1% step, and ``k`` with it; read a period apart the
+        readings are as quiet as their noise, and the step stands out of them. Each reading is
+        looked at once it has held that long; ``seasonal_change`` dates and checks it.
+        """
+        if self._season is None or self._level is None:
+            return ()
+        lag, noise = self._season
+        raw = self._raw
+        # held as long as the floor takes to show it too (else the floor, not up yet, gives it back)
+        held = max(2 * lag, math.ceil(max(self.p.hold_seconds, window) / self._dt))
+        j = len(raw) - 1 - held
+        if j - lag - 1 < 0 or raw[j - lag - 1][0] < self._loaded_at:
+            return ()
+        threshold = max(self.p.min_step_ratio * self.budget / 2, 4 * noise)
+        if not raw[j][1] - raw[j - lag][1] > threshold >= raw[j - 1][1] - raw[j - 1 - lag][1]:
+            return ()
+        if any(abs(s.t - raw[j][0]) <= lag * self._dt for s in self._steps[-3:] if s.given_back_at is None):
+            return ()  # found already, by its floor or its jump
+        later = [i for i, s in enumerate(self._steps) if s.t > raw[j][0] and s.given_back_at is None]
+        moves = [raw[i][1] - raw[i - lag][1] for i in range(j, j + lag)]
+        if sum(m > threshold for m in moves) < 0.8 * lag:
+            return ()
+        size = median(moves)
+        when = seasonal_change(raw, raw[j][0] - self._dt / 2, size, self._season)
+        if when is None or abs(when - raw[j][0]) > 1.5 * self._dt:
+            return ()
+        # the floor has had a window to show it: it is the level now, unless it took the step in already (as a
+        # creep: no step then) and stands above it
+        if later:  # the floor found it first, dated it by a tooth: the period dates it better
+            i = later[0]
+            self._steps[i] = replace(self._steps[i], t=when)
+            self._steps.sort(key=lambda s: s.t)
+            return ()
+        floor = self._env.min_since(max(t - window, self._loaded_at))
+        step = Step(t=when, size=size, found_at=t, before=min(self._level, floor - size))
+        self._level = max(self._level, floor)
+        self._candidate = None
+        self._quiet_since = when + self._dt / 2
         self._noise.floors.clear()
         self._add(step)
         return (step,)
@@ -404,9 +473,9 @@ class LeakDetector:
             for step in steps:
                 self._add(step)
             return tuple(steps)
-        when = found[0][0] if found else change_point(self._raw, plateau, size, window, self._noise.sigma)
+        when = found[0][0] if found else change_point(self._raw, plateau, size, window, self._noise.sigma, self._season)
         if found:  # the jump may be a tooth's return that a step held up; the period tells
-            when = seasonal_change(self._raw, self._since_last_step(when - window), size) or when
+            when = seasonal_change(self._raw, self._since_last_step(when - window), size, self._season) or when
         size = step_size(self._raw, when, t, window, size) or size
         step = Step(t=when, size=size, found_at=t, before=level)
         last = self._steps[-1] if self._steps else None
@@ -491,11 +560,12 @@ class LeakDetector:
         raw = [(s, v) for s, v in self._raw if s >= since]
         found, _ = jumps(raw, step.before, rest, self._noise.jump_threshold(k))
         if not found:
-            found = [(max(step.t, change_point(raw, floor, rest, window, self._noise.sigma)), rest)]
+            found = [(max(step.t, change_point(raw, floor, rest, window, self._noise.sigma, self._season)), rest)]
         return _staircase(found, step.before, t)
 
     def _add(self, step: Step) -> None:
-        self._steps.append(step)
+        """In the order of the steps' times: one read from its period is found after later ones."""
+        insort(self._steps, step, key=lambda s: s.t)
         del self._steps[: -self._history_limit]
 
     def _end_held(self, t: float, why: str, under: float = -math.inf) -> None:

@@ -45,7 +45,9 @@ def step_size(raw: Readings, when: float, t: float, window: float, floors: float
     return size if size > 0 else None
 
 
-def change_point(raw: Readings, new_floor: float, size: float, window: float, sigma: float) -> float:
+def change_point(
+    raw: Readings, new_floor: float, size: float, window: float, sigma: float, season: tuple[int, float] | None = None
+) -> float:
     """When the step happened, erring late: never on the flank of the tooth it sits on.
 
     After the last reading under the new floor the step may have happened at any
@@ -66,7 +68,7 @@ def change_point(raw: Readings, new_floor: float, size: float, window: float, si
         start = s
     if start is None:
         return raw[-1][0]
-    seasonal = seasonal_change(raw, start, size)
+    seasonal = seasonal_change(raw, start, size, season)
     if seasonal is not None:
         return seasonal
     before = sorted(v for s, v in raw if start - window <= s < start)
@@ -166,32 +168,34 @@ def _alike(a: float, b: float) -> bool:
 
 
 def period_lag(values: Sequence[float]) -> tuple[int, float] | None:
-    """The lag, in readings (at least 3), at which the readings repeat, and the median difference there;
+    """The lag, in readings (at least 3), at which the readings repeat, and their noise read that far apart;
     None where they do not (flat: noise is alike at every lag; spikes) or too few are seen.
 
     A periodic background sampled at a fixed interval repeats itself every ``lag`` readings, however
     it aliases (a 63 s tooth read every 60 s is a slow ramp that wraps every 20 readings). The lag
-    is the one with the smallest median difference over the newest 300 readings (a step spoils a lag
-    of them, a median does not mind), a multiple of it below 3 readings so that 3 in a row confirm.
+    is the one with the smallest differences over the newest 300 readings (at least 60), read at their
+    lower quartile (a step spoils a lag of them; steps a few periods apart most of them), a multiple
+    of it below 3 readings so that 3 in a row confirm. Readings that do not move (a flat series, to
+    the MiB) have no period.
     """
     fit = values[-300:]
-    if len(fit) < 24:
+    if len(fit) < 60:
         return None
 
-    def residual(lag: int) -> float:
-        return sorted(abs(b - a) for a, b in zip(fit, fit[lag:]))[(len(fit) - lag) // 2]
-
-    best = min(range(1, min(len(fit) // 3, 100) + 1), key=residual)
+    # the lower quartile, scaled to what a median of noise would read
+    residual = {lag: 2.12 * sorted(abs(b - a) for a, b in zip(fit, fit[lag:]))[(len(fit) - lag) // 4]
+                for lag in range(1, min(len(fit) // 3, 100) + 1)}  # fmt: skip
+    best = min(residual, key=residual.__getitem__)
     lag = best * -(-3 // best)
     drift = abs(median(b - a for a, b in pairwise(fit)))
-    if drift < 0.5 * residual(1) and (best == 1 or residual(best) > 0.6 * residual(1)):
-        return None  # no period: the best of a hundred lags of noise is this much better by chance
-    if lag > len(fit) // 2 or residual(lag) > 1.5 * residual(best):
+    periodic = best > 1 and residual[best] < 0.5 * residual[1]  # the best of a hundred lags of noise is not
+    ramp = drift >= 0.5 * residual[1] > 0  # an aliased tooth: a slow ramp that wraps
+    if not (periodic or ramp) or lag not in residual or residual[lag] > 1.5 * residual[best]:
         return None
-    return lag, residual(lag)
+    return lag, residual[lag]
 
 
-def seasonal_change(raw: Readings, start: float, size: float) -> float | None:
+def seasonal_change(raw: Readings, start: float, size: float, season: tuple[int, float] | None) -> float | None:
     """When a step of ``size`` happened after ``start``, read against the background's own period; None
     where the readings have no period to read against (flat, spikes) or it does not explain them.
 
@@ -202,11 +206,12 @@ def seasonal_change(raw: Readings, start: float, size: float) -> float | None:
     stay above the lowest of the period before it, by half the step, in every period of them (a
     spike comes back down).
     """
+    if season is None or season[1] > 0.25 * size:
+        return None  # no period, or one that does not explain the readings to a quarter of the step
     values = [v for _, v in raw]
     i0 = next((i for i, (s, _) in enumerate(raw) if s >= start), None)
-    season = period_lag(values)
-    if i0 is None or season is None or season[1] > 0.25 * size:
-        return None  # no period, or one that does not explain the readings to a quarter of the step
+    if i0 is None:
+        return None
     lag = season[0]
     first = max(i0, lag + 1)
     up = [values[j] - values[j - lag] > 0.5 * size for j in range(first - 1, len(values))]
