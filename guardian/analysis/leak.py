@@ -39,20 +39,21 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    the background's period places the step elsewhere (a tooth's wrap that
    a step held up). Where the readings repeat with a period (in readings,
    however the sampling aliases it: ``step_shape.period_lag``, refitted
-   every 300 readings or half an hour), a period of readings each above the one a
-   period before by more than 4× the noise there, held for two periods, is
-   a step whatever ``k`` is: an aliased tooth makes the floor jitter by
-   more than a 1% step.
+   every 300 readings or half an hour), a period of readings each above
+   the one a period before by more than 4× the noise there, held for two
+   periods and a window, is a step whatever ``k`` is: an aliased tooth
+   makes the floor jitter by more than a 1% step.
 4. **When.** Where the readings repeat with a period (however the sampling
    aliases it), the first reading that the one a period before it does not
    explain, nor any after it (``step_shape.seasonal_change``): a tooth's
    wrap is a jump, and an aliased tooth's top comes round only with its
    phase, so neither dates a step there. Else the jump where the readings
    show one (a spike sampled once that came down less than it went up: the
-   lower reading); else the first reading that proves the step (above the old readings' top, no higher
-   than the step lifts it, and with the next one above it too where the
-   readings repeat: ``step_shape.change_point``), else the first on the new
-   floor; never the start of the flank it may sit on.
+   lower reading); else the first reading that proves the step (above the
+   old readings' top, no higher than the step lifts it, and with the next
+   one above it too where the readings repeat: ``step_shape.change_point``),
+   else the first on the new floor; never the start of the flank it may
+   sit on.
 5. **Given back.** The envelope below the floor for a hold gives the newest
    steps back, each once it is under the step's middle (so a floor sinking
    by degrees gives it back too), or the one recent step the fall is the
@@ -217,8 +218,9 @@ class LeakDetector:
             self._noise.estimate(reversed(self._raw))
         if self._updates - self._season_at >= min(300, max(32, 1800 / self._dt)):
             self._season_at = self._updates
-            recent = itertools.takewhile(lambda r: r[0] >= self._loaded_at, itertools.islice(reversed(self._raw), 300))
-            self._season = period_lag([v for _, v in recent][::-1])  # the load's readings have no period
+            newest = itertools.islice(reversed(self._raw), 300)
+            loaded = [v for s, v in itertools.takewhile(lambda r: r[0] >= self._loaded_at, newest)]
+            self._season = period_lag(loaded[::-1])  # the load's readings have no period
         if self._loading is not None:
             p = self.p
             if self._loading.over(t, value, self._k(), self.budget, p.settle_seconds, p.envelope_seconds, p.warmup_seconds):
@@ -394,7 +396,7 @@ class LeakDetector:
             return ()  # the background's own rise, read a reading at a time (a flank sampled slowly)
         seasonal = seasonal_change(self._raw, self._since_last_step(when - window), rise, self._season)
         if seasonal is not None and abs(seasonal - when) > 1.5 * self._dt:
-            return ()  # a tooth's return, held up by a step the background's period places elsewhere: the floor will tell
+            return ()  # a tooth's wrap held up by a step the period places elsewhere: the floor will tell
         step = Step(t=when, size=rise, found_at=t, before=self._level)
         self._level += rise
         self._candidate = None
@@ -426,7 +428,6 @@ class LeakDetector:
             return ()
         if any(abs(s.t - raw[j][0]) <= lag * self._dt for s in self._steps[-3:] if s.given_back_at is None):
             return ()  # found already, by its floor or its jump
-        later = [i for i, s in enumerate(self._steps) if s.t > raw[j][0] and s.given_back_at is None]
         moves = [raw[i][1] - raw[i - lag][1] for i in range(j, j + lag)]
         if sum(m > threshold for m in moves) < 0.8 * lag:
             return ()
@@ -434,13 +435,13 @@ class LeakDetector:
         when = seasonal_change(raw, raw[j][0] - self._dt / 2, size, self._season)
         if when is None or abs(when - raw[j][0]) > 1.5 * self._dt:
             return ()
-        # the floor has had a window to show it: it is the level now, unless it took the step in already (as a
-        # creep: no step then) and stands above it
+        later = [i for i, s in enumerate(self._steps) if s.t > raw[j][0] and s.given_back_at is None]
         if later:  # the floor found it first, dated it by a tooth: the period dates it better
-            i = later[0]
-            self._steps[i] = replace(self._steps[i], t=when)
+            self._steps[later[0]] = replace(self._steps[later[0]], t=when)
             self._steps.sort(key=lambda s: s.t)
             return ()
+        # the floor has had a window to show it: it is the level now, unless it took the step in already (as a
+        # creep: no step then) and stands above it
         floor = self._env.min_since(max(t - window, self._loaded_at))
         step = Step(t=when, size=size, found_at=t, before=min(self._level, floor - size))
         self._level = max(self._level, floor)
