@@ -173,10 +173,11 @@ def period_lag(values: Sequence[float]) -> tuple[int, float] | None:
 
     A periodic background sampled at a fixed interval repeats itself every ``lag`` readings, however
     it aliases (a 63 s tooth read every 60 s is a slow ramp that wraps every 20 readings). The lag
-    is the one with the smallest differences over the newest 300 readings (at least 60), read at their
-    lower quartile (a step spoils a lag of them; steps a few periods apart most of them), a multiple
-    of it below 3 readings so that 3 in a row confirm. Readings that do not move (a flat series, to
-    the MiB) have no period.
+    is the one of at least 3 readings (so that 3 in a row confirm) with the smallest differences over
+    the newest 300 readings (at least 60), read at their lower quartile (a step spoils a lag of them;
+    steps a few periods apart most of them): a whole number of teeth, or nearly (a 9.3 s tooth read
+    every 60.1 s alternates, and repeats best 29 readings on, where its phase has come round).
+    Readings that do not move (a flat series, to the MiB) have no period.
     """
     fit = values[-300:]
     if len(fit) < 60:
@@ -185,14 +186,11 @@ def period_lag(values: Sequence[float]) -> tuple[int, float] | None:
     # the lower quartile, scaled to what a median of noise would read
     residual = {lag: 2.12 * sorted(abs(b - a) for a, b in zip(fit, fit[lag:]))[(len(fit) - lag) // 4]
                 for lag in range(1, min(len(fit) // 3, 100) + 1)}  # fmt: skip
-    best = min(residual, key=residual.__getitem__)
-    lag = best * -(-3 // best)
+    lag = min((lag for lag in residual if lag >= 3), key=residual.__getitem__)
     drift = abs(median(b - a for a, b in pairwise(fit)))
-    periodic = best > 1 and residual[best] < 0.5 * residual[1]  # the best of a hundred lags of noise is not
+    periodic = residual[lag] < 0.5 * residual[1]  # the best of a hundred lags of noise is not
     ramp = drift >= 0.5 * residual[1] > 0  # an aliased tooth: a slow ramp that wraps
-    if not (periodic or ramp) or lag not in residual or residual[lag] > 1.5 * residual[best]:
-        return None
-    return lag, residual[lag]
+    return (lag, residual[lag]) if periodic or ramp else None
 
 
 def seasonal_change(raw: Readings, start: float, size: float, season: tuple[int, float] | None) -> float | None:
