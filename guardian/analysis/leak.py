@@ -218,9 +218,10 @@ class LeakDetector:
             self._noise.estimate(reversed(self._raw))
         if self._updates - self._season_at >= min(300, max(32, 1800 / self._dt)):
             self._season_at = self._updates
-            newest = itertools.islice(reversed(self._raw), 300)
-            loaded = [v for s, v in itertools.takewhile(lambda r: r[0] >= self._loaded_at, newest)]
-            self._season = period_lag(loaded[::-1])  # the load's readings have no period
+            if self._loading is None:  # the load's readings have no period, and nothing reads one while it lasts
+                newest = itertools.islice(reversed(self._raw), 300)
+                loaded = [v for s, v in itertools.takewhile(lambda r: r[0] >= self._loaded_at, newest)]
+                self._season = period_lag(loaded[::-1])
         if self._loading is not None:
             p = self.p
             if self._loading.over(t, value, self._k(), self.budget, p.settle_seconds, p.envelope_seconds, p.warmup_seconds):
@@ -238,6 +239,7 @@ class LeakDetector:
         self._prev2 = (None, None)
         self._excursions.reset()
         self._last_excursion = None
+        self._season = None  # the last life's
 
     def _flush(self, t: float) -> None:
         """The series ends here (a restart, a gap): steps still in their hold count if the readings
@@ -274,7 +276,6 @@ class LeakDetector:
     def _end_load(self, t: float) -> None:
         self._loading = None
         self._loaded_at = t
-        self._season = None  # fitted on the load's readings, if at all
         self._level = self._env.min_since(t - self.p.envelope_seconds)
         if self._base is None:
             self._base = self._level
@@ -474,9 +475,11 @@ class LeakDetector:
             for step in steps:
                 self._add(step)
             return tuple(steps)
-        when = found[0][0] if found else change_point(self._raw, plateau, size, window, self._noise.sigma, self._season)
         if found:  # the jump may be a tooth's return that a step held up; the period tells
-            when = seasonal_change(self._raw, self._since_last_step(when - window), size, self._season) or when
+            seasonal = seasonal_change(self._raw, self._since_last_step(found[0][0] - window), size, self._season)
+            when = found[0][0] if seasonal is None else seasonal
+        else:
+            when = change_point(self._raw, plateau, size, window, self._noise.sigma, self._season)
         size = step_size(self._raw, when, t, window, size) or size
         step = Step(t=when, size=size, found_at=t, before=level)
         last = self._steps[-1] if self._steps else None
@@ -499,9 +502,7 @@ class LeakDetector:
         """The rises between two readings that made this step (``step_shape.jumps``), looked for
         from a window and a half before the floor left ``level`` (the floor lags the readings)."""
         low = next((s for s, v in reversed(self._trace) if v <= level + 0.25 * size), self._trace[0][0])
-        since = max(low - 1.5 * window, self._loaded_at)
-        if self._steps and self._steps[-1].given_back_at is None:
-            since = max(since, self._steps[-1].t + self._dt / 2)  # not the last step's own jump
+        since = self._since_last_step(low - 1.5 * window)  # not the last step's own jump
         raw = [(s, v) for s, v in self._raw if s >= since]
         return jumps(raw, level, size, self._noise.jump_threshold(self._k()))
 
