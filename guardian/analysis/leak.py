@@ -45,7 +45,8 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    makes the floor jitter by more than a 1% step.
 4. **When.** Where the readings repeat with a period (however the sampling
    aliases it), the first reading that the one a period before it does not
-   explain, nor any after it (``step_shape.seasonal_change``): a tooth's
+   explain, nor any after it back down (as far as the period's own drift
+   alone could not take them there: ``step_shape.seasonal_change``): a tooth's
    wrap is a jump, and an aliased tooth's top comes round only with its
    phase, so neither dates a step there. Else the jump where the readings
    show one (a spike sampled once that came down less than it went up: the
@@ -91,6 +92,7 @@ from guardian.analysis.model_load import Load
 from guardian.analysis.noise import Noise
 from guardian.analysis.period import Excursions
 from guardian.analysis.step_shape import (
+    Season,
     came_down,
     change_point,
     held_rises,
@@ -147,7 +149,7 @@ class LeakDetector:
         self._steps: list[Step] = []
         self._ended: list[Step] = []  # given back since the last report
         self._history_limit = 1000
-        self._season: tuple[int, float] | None = None  # the readings' period: (lag in readings, noise at it)
+        self._season: Season | None = None  # the readings' period
         self._season_at = 0  # the update it was fitted at
 
     # -- what the caller knows ------------------------------------------------------------
@@ -417,7 +419,7 @@ class LeakDetector:
         """
         if self._season is None or self._level is None:
             return ()
-        lag, noise = self._season
+        lag, noise, _ = self._season
         raw = self._raw
         # held as long as the floor takes to show it too (else the floor, not up yet, gives it back)
         held = max(2 * lag, math.ceil(max(self.p.hold_seconds, window) / self._dt))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from itertools import accumulate, pairwise
 from statistics import median
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 Readings = Sequence[tuple[float, float]]
 
@@ -46,7 +46,7 @@ def step_size(raw: Readings, when: float, t: float, window: float, floors: float
 
 
 def change_point(
-    raw: Readings, new_floor: float, size: float, window: float, sigma: float, season: tuple[int, float] | None = None
+    raw: Readings, new_floor: float, size: float, window: float, sigma: float, season: Season | None = None
 ) -> float:
     """When the step happened, erring late: never on the flank of the tooth it sits on.
 
@@ -167,8 +167,16 @@ def _alike(a: float, b: float) -> bool:
     return 0.67 * b <= a <= 1.5 * b
 
 
-def period_lag(values: Sequence[float]) -> tuple[int, float] | None:
-    """The lag, in readings (at least 3), at which the readings repeat, and their noise read that far apart;
+class Season(NamedTuple):
+    """A background's period, in readings (``period_lag``)."""
+
+    lag: int  # readings a period spans
+    noise: float  # what readings a lag apart differ by: a median's worth
+    repeats: bool  # the readings repeat (teeth read at a phase that comes round); else a slow ramp that wraps
+
+
+def period_lag(values: Sequence[float]) -> Season | None:
+    """The lag, in readings, at which the readings repeat, and their noise read that far apart;
     None where they do not (flat: noise is alike at every lag; spikes) or too few are seen.
 
     A periodic background sampled at a fixed interval repeats itself every ``lag`` readings, however
@@ -176,7 +184,9 @@ def period_lag(values: Sequence[float]) -> tuple[int, float] | None:
     is the one of at least 3 readings (so that 3 in a row confirm) with the smallest differences over
     the newest 300 readings (at least 60), read at their lower quartile (a step spoils a lag of them;
     steps a few periods apart most of them): a whole number of teeth, or nearly (a 9.3 s tooth read
-    every 60.1 s alternates, and repeats best 29 readings on, where its phase has come round).
+    every 60.1 s alternates, and repeats best 29 readings on, where its phase has come round). Two
+    readings where they alternate and that is quieter still (a 24.2 s tooth read every 60.1 s: its
+    phase comes round only 82 readings on, where steps every 20 readings spoil every difference).
     Readings that do not move (a flat series, to the MiB) have no period.
     """
     fit = values[-300:]
@@ -187,13 +197,15 @@ def period_lag(values: Sequence[float]) -> tuple[int, float] | None:
     residual = {lag: 2.12 * sorted(abs(b - a) for a, b in zip(fit, fit[lag:]))[(len(fit) - lag) // 4]
                 for lag in range(1, min(len(fit) // 3, 100) + 1)}  # fmt: skip
     lag = min((lag for lag in residual if lag >= 3), key=residual.__getitem__)
+    if residual[2] < min(residual[lag], 0.5 * residual[1]):
+        lag = 2
     drift = abs(median(b - a for a, b in pairwise(fit)))
-    periodic = residual[lag] < 0.5 * residual[1]  # the best of a hundred lags of noise is not
+    repeats = residual[lag] < 0.5 * residual[1]  # the best of a hundred lags of noise is not
     ramp = drift >= 0.5 * residual[1] > 0  # an aliased tooth: a slow ramp that wraps
-    return (lag, residual[lag]) if periodic or ramp else None
+    return Season(lag, residual[lag], repeats) if repeats or ramp else None
 
 
-def seasonal_change(raw: Readings, start: float, size: float, season: tuple[int, float] | None) -> float | None:
+def seasonal_change(raw: Readings, start: float, size: float, season: Season | None) -> float | None:
     """When a step of ``size`` happened after ``start``, read against the background's own period; None
     where the readings have no period to read against (flat, spikes) or it does not explain them.
 
@@ -202,15 +214,15 @@ def seasonal_change(raw: Readings, start: float, size: float, season: tuple[int,
     (the readings' top, a jump between two readings) cannot: a tooth's wrap is a jump, and an
     aliased tooth's top is not seen until its phase comes round. The readings after the step must
     stay above the lowest of the period before it, by half the step, in every period of them (a
-    spike comes back down).
+    spike comes back down) as far as the period's own drift could not take them there (``_held_until``).
     """
-    if season is None or season[1] > 0.25 * size:
+    if season is None or season.noise > 0.25 * size:
         return None  # no period, or one that does not explain the readings to a quarter of the step
     values = [v for _, v in raw]
     i0 = next((i for i, (s, _) in enumerate(raw) if s >= start), None)
     if i0 is None:
         return None
-    lag = season[0]
+    lag = season.lag
     first = max(i0, lag + 1)
     up = [values[j] - values[j - lag] > 0.5 * size for j in range(first - 1, len(values))]
     for n in range(1, len(up) - 2):
@@ -219,6 +231,24 @@ def seasonal_change(raw: Readings, start: float, size: float, season: tuple[int,
             n = max((m for m in range(n, min(n + lag, len(up))) if up[m]), key=lambda m: (sum(up[m : m + lag]), m))
             i = first - 1 + n
             floor = min(values[i - lag : i]) + 0.5 * size
-            if all(min(values[j : j + lag]) > floor for j in range(i, len(values) - lag + 1, lag)):
+            if all(min(values[j : j + lag]) > floor for j in range(i, _held_until(values, i, size, season), lag)):
                 return raw[i][0]
     return None
+
+
+def _held_until(values: Sequence[float], i: int, size: float, season: Season) -> int:
+    """Where the readings after a step at ``i`` are still checked to stay up: the last lag-block start, or
+    sooner where the teeth's phase creeps.
+
+    Readings whose lag is a near period drift a lag apart by as much every lag (the phase creeps: a
+    24.2 s tooth read every 60.1 s alternates, each half sliding down the tooth), and after enough of
+    them they are half a step lower with no step given back; held up until then, the step stays (a
+    spike comes back down sooner). A slow ramp that wraps is checked to the end: its wrap is a jump
+    as big as a step that the ramp takes back.
+    """
+    lag = season.lag
+    end = len(values) - lag + 1
+    if not season.repeats:
+        return end
+    drift = abs(median(values[m] - values[m - lag] for m in range(max(lag, i - 10 * lag), i)))
+    return end if drift == 0 else min(end, i + lag * max(1, int(0.5 * size / drift)))
