@@ -391,6 +391,8 @@ class LeakDetector:
         when, _, rise = self._pending.pop(0)
         if t - self._jump_back_t < self.p.max_envelope_seconds and self._jump_back >= 0.5 * rise:
             return ()  # spikes, an aliased sawtooth: the floor will tell
+        if any(abs(s.t - when) <= 1.5 * self._dt for s in self._steps[-3:] if s.given_back_at is None):
+            return ()  # found already, read a period apart (``_periodic_step``)
         # less what the background rises by between two readings anyway (a sawtooth's flank)
         earlier = [v for s, v in self._raw if when - window <= s < when]
         drift = median(b - a for a, b in zip(earlier, earlier[1:])) if len(earlier) > 2 else 0.0
