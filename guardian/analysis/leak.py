@@ -37,7 +37,7 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    at once (on a slow sawtooth a period before the floor shows it), unless
    jumps like it were given back lately (spikes, an aliased sawtooth) or
    the background's period places the step elsewhere (a tooth's wrap that
-   a step held up). Where the readings repeat with a period (in readings,
+   a step held up) or has found it already (below). Where the readings repeat with a period (in readings,
    however the sampling aliases it: ``step_shape.period_lag``, refitted
    every 300 readings or half an hour), a period of readings each above
    the one a period before by more than 4× the noise there, held for two
