@@ -37,18 +37,20 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    at once (on a slow sawtooth a period before the floor shows it), unless
    jumps like it were given back lately (spikes, an aliased sawtooth) or
    the background's period places the step elsewhere (a tooth's wrap that
-   a step held up) or has found it already (below). Where the readings repeat with a period (in readings,
-   however the sampling aliases it: ``step_shape.period_lag``, refitted
-   every 300 readings or half an hour), a period of readings each above
+   a step held up) or has found it already (below). Where the readings
+   repeat with a period (in readings, however the sampling aliases it:
+   ``step_shape.period_lag``, refitted every 300 readings or half an
+   hour; two readings where a tooth read every two and a half periods
+   alternates), a period of readings each above
    the one a period before by more than 4× the noise there, held for two
    periods and a window, is a step whatever ``k`` is: an aliased tooth
    makes the floor jitter by more than a 1% step.
 4. **When.** Where the readings repeat with a period (however the sampling
    aliases it), the first reading that the one a period before it does not
    explain, nor any after it back down (as far as the period's own drift
-   alone could not take them there: ``step_shape.seasonal_change``): a tooth's
-   wrap is a jump, and an aliased tooth's top comes round only with its
-   phase, so neither dates a step there. Else the jump where the readings
+   alone could not take them there: ``step_shape.seasonal_change``): a
+   tooth's wrap is a jump, and an aliased tooth's top comes round only
+   with its phase, so neither dates a step there. Else the jump where the readings
    show one (a spike sampled once that came down less than it went up: the
    lower reading); else the first reading that proves the step (above the
    old readings' top, no higher than the step lifts it, and with the next

@@ -214,7 +214,8 @@ def seasonal_change(raw: Readings, start: float, size: float, season: Season | N
     (the readings' top, a jump between two readings) cannot: a tooth's wrap is a jump, and an
     aliased tooth's top is not seen until its phase comes round. The readings after the step must
     stay above the lowest of the period before it, by half the step, in every period of them (a
-    spike comes back down) as far as the period's own drift could not take them there (``_held_until``).
+    spike comes back down), as far as the period's own drift alone could not take them there
+    (``_held_until``).
     """
     if season is None or season.noise > 0.25 * size:
         return None  # no period, or one that does not explain the readings to a quarter of the step
