@@ -41,18 +41,18 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    repeat with a period (in readings, however the sampling aliases it:
    ``step_shape.period_lag``, refitted every 300 readings or half an
    hour; two readings where a tooth read every two and a half periods
-   alternates), a period of readings each above
-   the one a period before by more than 4× the noise there, held for two
-   periods and a window, is a step whatever ``k`` is: an aliased tooth
-   makes the floor jitter by more than a 1% step.
+   alternates), a period of readings each above the one a period before
+   by more than 4× the noise there, held for two periods and a window, is
+   a step whatever ``k`` is: an aliased tooth makes the floor jitter by
+   more than a 1% step.
 4. **When.** Where the readings repeat with a period (however the sampling
    aliases it), the first reading that the one a period before it does not
    explain, nor any after it back down (as far as the period's own drift
    alone could not take them there: ``step_shape.seasonal_change``): a
    tooth's wrap is a jump, and an aliased tooth's top comes round only
-   with its phase, so neither dates a step there. Else the jump where the readings
-   show one (a spike sampled once that came down less than it went up: the
-   lower reading); else the first reading that proves the step (above the
+   with its phase, so neither dates a step there. Else the jump where the
+   readings show one (a spike sampled once that came down less than it went
+   up: the lower reading); else the first reading that proves the step (above the
    old readings' top, no higher than the step lifts it, and with the next
    one above it too where the readings repeat: ``step_shape.change_point``),
    else the first on the new floor; never the start of the flank it may
@@ -393,7 +393,7 @@ class LeakDetector:
         when, _, rise = self._pending.pop(0)
         if t - self._jump_back_t < self.p.max_envelope_seconds and self._jump_back >= 0.5 * rise:
             return ()  # spikes, an aliased sawtooth: the floor will tell
-        if any(abs(s.t - when) <= 1.5 * self._dt for s in self._steps[-3:] if s.given_back_at is None):
+        if self._held_near(when, 1.5 * self._dt):
             return ()  # found already, read a period apart (``_periodic_step``)
         # less what the background rises by between two readings anyway (a sawtooth's flank)
         earlier = [v for s, v in self._raw if when - window <= s < when]
@@ -401,7 +401,7 @@ class LeakDetector:
         rise -= max(0.0, drift)
         if rise < tau:
             return ()  # the background's own rise, read a reading at a time (a flank sampled slowly)
-        seasonal = seasonal_change(self._raw, self._since_last_step(when - window), rise, self._season)
+        seasonal = self._period_date(when, rise, window)
         if seasonal is not None and abs(seasonal - when) > 1.5 * self._dt:
             return ()  # a tooth's wrap held up by a step the period places elsewhere: the floor will tell
         step = Step(t=when, size=rise, found_at=t, before=self._level)
@@ -433,7 +433,7 @@ class LeakDetector:
         threshold = max(self.p.min_step_ratio * self.budget / 2, 4 * noise)
         if not raw[j][1] - raw[j - lag][1] > threshold >= raw[j - 1][1] - raw[j - 1 - lag][1]:
             return ()
-        if any(abs(s.t - raw[j][0]) <= lag * self._dt for s in self._steps[-3:] if s.given_back_at is None):
+        if self._held_near(raw[j][0], lag * self._dt):
             return ()  # found already, by its floor or its jump
         moves = [raw[i][1] - raw[i - lag][1] for i in range(j, j + lag)]
         if sum(m > threshold for m in moves) < 0.8 * lag:
@@ -482,7 +482,7 @@ class LeakDetector:
                 self._add(step)
             return tuple(steps)
         if found:  # the jump may be a tooth's return that a step held up; the period tells
-            seasonal = seasonal_change(self._raw, self._since_last_step(found[0][0] - window), size, self._season)
+            seasonal = self._period_date(found[0][0], size, window)
             when = found[0][0] if seasonal is None else seasonal
         else:
             when = change_point(self._raw, plateau, size, window, self._noise.sigma, self._season)
@@ -497,6 +497,15 @@ class LeakDetector:
             return (step,)
         self._add(step)
         return (step,)
+
+    def _held_near(self, t: float, within: float) -> bool:
+        """One of the newest held steps is dated within ``within`` of ``t``: a step found already."""
+        return any(abs(s.t - t) <= within for s in self._steps[-3:] if s.given_back_at is None)
+
+    def _period_date(self, jump: float, size: float, window: float) -> float | None:
+        """The background's period's date for a step of ``size`` whose jump the readings show at ``jump``:
+        looked for from a window before it (not before the last step held); None without a period."""
+        return seasonal_change(self._raw, self._since_last_step(jump - window), size, self._season)
 
     def _since_last_step(self, t: float) -> float:
         """``t``, or later: not before the load ended nor before the last step held."""
