@@ -257,6 +257,18 @@ def test_a_dense_staircase_under_a_tooth_read_every_two_and_a_half_periods_is_re
     assert sum(bool([f for f in found if s.t <= f <= s.t + 121]) for s in steps) >= 18
 
 
+def test_a_step_read_a_period_apart_is_looked_at_though_the_window_shrank_past_it(tmp_path: Path) -> None:
+    """The same tooth read every 60.1 s: each reading is looked at a period apart once it has held a window. Five
+    minutes after a 1% step the longest time off the floor left the hour, the window fell from 38 readings to 4,
+    and the 34 readings it passed over (the step's among them) were never looked at; the floor found the step
+    later, merged with a tooth's wrap, and dated it four minutes before it happened (2%)."""
+    log = smi_logs.generate(2067, 60, "fast-sawtooth", 0.01)  # a seeded log of the benchmark's tuned-on set
+    (step,) = [s for s in log.gpus[6].steps if abs(s.t - 1772688165) < 1]
+    _, found = _seeded_gpu(tmp_path, log, 6)
+    assert [f for f in found if step.t <= f <= step.t + 121]
+    assert not [f for f in found if step.t - 600 <= f < step.t]
+
+
 def test_a_step_found_both_a_period_apart_and_by_its_jump_is_reported_once(tmp_path: Path) -> None:
     """A log of restarts every few hours read every minute: a period of readings each above the one a period
     before found a step, and a window later its jump between two readings held and found it again, at the same

@@ -153,6 +153,7 @@ class LeakDetector:
         self._history_limit = 1000
         self._season: Season | None = None  # the readings' period
         self._season_at = 0  # the update it was fitted at
+        self._periodic_seen = -math.inf  # the newest reading ``_periodic_step`` has looked at
 
     # -- what the caller knows ------------------------------------------------------------
 
@@ -419,34 +420,52 @@ class LeakDetector:
         On a tall sawtooth that the sampling aliases, the floor's own jitter (the teeth's phases it
         happens to catch) is larger than a 1% step, and ``k`` with it; read a period apart the
         readings are as quiet as their noise, and the step stands out of them. Each reading is
-        looked at once it has held that long; ``seasonal_change`` dates and checks it.
+        looked at once, when it has held that long (every one since the last looked at: a window that
+        shrinks, as the longest time off the floor leaves the hour, must not skip the readings it
+        passed over); ``seasonal_change`` dates and checks it.
         """
         if self._season is None or self._level is None:
             return ()
-        lag, noise, _ = self._season
         raw = self._raw
         # held as long as the floor takes to show it too (else the floor, not up yet, gives it back)
-        held = max(2 * lag, math.ceil(max(self.p.hold_seconds, window) / self._dt))
-        j = len(raw) - 1 - held
-        if j - lag - 1 < 0 or raw[j - lag - 1][0] < self._loaded_at:
+        held = max(2 * self._season.lag, math.ceil(max(self.p.hold_seconds, window) / self._dt))
+        newest = len(raw) - 1 - held
+        j = newest
+        if j < 0:
             return ()
+        while j > 0 and raw[j - 1][0] > self._periodic_seen:
+            j -= 1
+        for j in range(j, newest + 1):
+            self._periodic_seen = raw[j][0]
+            step = self._periodic_at(j, t, window)
+            if step is not None:
+                return (step,)
+        return ()
+
+    def _periodic_at(self, j: int, t: float, window: float) -> Step | None:
+        """The step whose first reading a period above the one before it is ``raw[j]``, if it is one."""
+        assert self._season is not None and self._level is not None
+        lag, noise, _ = self._season
+        raw = self._raw
+        if j - lag - 1 < 0 or raw[j - lag - 1][0] < self._loaded_at:
+            return None
         threshold = max(self.p.min_step_ratio * self.budget / 2, 4 * noise)
         if not raw[j][1] - raw[j - lag][1] > threshold >= raw[j - 1][1] - raw[j - 1 - lag][1]:
-            return ()
+            return None
         if self._held_near(raw[j][0], lag * self._dt):
-            return ()  # found already, by its floor or its jump
+            return None  # found already, by its floor or its jump
         moves = [raw[i][1] - raw[i - lag][1] for i in range(j, j + lag)]
         if sum(m > threshold for m in moves) < 0.8 * lag:
-            return ()
+            return None
         size = median(moves)
         when = seasonal_change(raw, raw[j][0] - self._dt / 2, size, self._season)
         if when is None or abs(when - raw[j][0]) > 1.5 * self._dt:
-            return ()
+            return None
         later = [i for i, s in enumerate(self._steps) if s.t > raw[j][0] and s.given_back_at is None]
         if later:  # the floor found it first, dated it by a tooth: the period dates it better
             self._steps[later[0]] = replace(self._steps[later[0]], t=when)
             self._steps.sort(key=lambda s: s.t)
-            return ()
+            return None
         # the floor has had a window to show it: it is the level now, unless it took the step in already (as a
         # creep: no step then) and stands above it
         floor = self._env.min_since(max(t - window, self._loaded_at))
@@ -456,7 +475,7 @@ class LeakDetector:
         self._quiet_since = when + self._dt / 2
         self._noise.floors.clear()
         self._add(step)
-        return (step,)
+        return step
 
     def _confirm(self, t: float, plateau: float, window: float) -> tuple[Step, ...]:
         """A raised floor that held: a step if it rose abruptly, drift if it crept."""
