@@ -269,6 +269,17 @@ def test_a_step_read_a_period_apart_is_looked_at_though_the_window_shrank_past_i
     assert not [f for f in found if step.t - 600 <= f < step.t]
 
 
+def test_a_tooths_wrap_that_a_step_held_up_is_dated_at_the_step_the_period_shows(tmp_path: Path) -> None:
+    """A 63 s tooth read every 60 s is a ramp down that wraps up by 1.8% every 20 readings. A 1% step came ten
+    readings after a wrap and held it up: the wrap's jump held a window and was taken for the step, nine
+    minutes before it happened. Read a period apart the readings show the step where it was; that date wins."""
+    log = smi_logs.generate(2067, 60, "fast-sawtooth", 0.01)  # a seeded log of the benchmark's tuned-on set
+    (step,) = [s for s in log.gpus[5].steps if abs(s.t - 1772830970) < 1]
+    _, found = _seeded_gpu(tmp_path, log, 5)
+    assert [f for f in found if step.t <= f <= step.t + 121]
+    assert not [f for f in found if step.t - 600 <= f < step.t]
+
+
 def test_a_step_found_both_a_period_apart_and_by_its_jump_is_reported_once(tmp_path: Path) -> None:
     """A log of restarts every few hours read every minute: a period of readings each above the one a period
     before found a step, and a window later its jump between two readings held and found it again, at the same

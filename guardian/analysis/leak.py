@@ -50,7 +50,8 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    explain, nor any after it back down (as far as the period's own drift
    alone could not take them there: ``step_shape.seasonal_change``): a
    tooth's wrap is a jump, and an aliased tooth's top comes round only
-   with its phase, so neither dates a step there. Else the jump where the
+   with its phase, so neither dates a step there (a step the floor or a
+   jump found first, up to a period before that reading, takes its date). Else the jump where the
    readings show one (a spike sampled once that came down less than it went
    up: the lower reading); else the first reading that proves the step (above the
    old readings' top, no higher than the step lifts it, and with the next
@@ -452,8 +453,6 @@ class LeakDetector:
         threshold = max(self.p.min_step_ratio * self.budget / 2, 4 * noise)
         if not raw[j][1] - raw[j - lag][1] > threshold >= raw[j - 1][1] - raw[j - 1 - lag][1]:
             return None
-        if self._held_near(raw[j][0], lag * self._dt):
-            return None  # found already, by its floor or its jump
         moves = [raw[i][1] - raw[i - lag][1] for i in range(j, j + lag)]
         if sum(m > threshold for m in moves) < 0.8 * lag:
             return None
@@ -461,9 +460,9 @@ class LeakDetector:
         when = seasonal_change(raw, raw[j][0] - self._dt / 2, size, self._season)
         if when is None or abs(when - raw[j][0]) > 1.5 * self._dt:
             return None
-        later = [i for i, s in enumerate(self._steps) if s.t > raw[j][0] and s.given_back_at is None]
-        if later:  # the floor found it first, dated it by a tooth: the period dates it better
-            self._steps[later[0]] = replace(self._steps[later[0]], t=when)
+        found = [i for i, s in enumerate(self._steps) if s.t > raw[j][0] - lag * self._dt and s.given_back_at is None]
+        if found:  # the floor or a jump found it first, dated it by a tooth: the period dates it better
+            self._steps[found[0]] = replace(self._steps[found[0]], t=when)
             self._steps.sort(key=lambda s: s.t)
             return None
         # the floor has had a window to show it: it is the level now, unless it took the step in already (as a
