@@ -462,8 +462,11 @@ class LeakDetector:
             return None
         found = [i for i, s in enumerate(self._steps) if s.t > raw[j][0] - lag * self._dt and s.given_back_at is None]
         if found:  # the floor or a jump found it first, dated it by a tooth: the period dates it better
-            self._steps[found[0]] = replace(self._steps[found[0]], t=when)
-            self._steps.sort(key=lambda s: s.t)
+            first = self._steps[found[0]]
+            # one found before it, of its size and shown there a period apart too, is its jump (else a tooth's wrap)
+            if first.t > raw[j][0] or not (0.67 * size <= first.size <= 1.5 * size and self._shows(first.t, size)):
+                self._steps[found[0]] = replace(first, t=when)
+                self._steps.sort(key=lambda s: s.t)
             return None
         # the floor has had a window to show it: it is the level now, unless it took the step in already (as a
         # creep: no step then) and stands above it
@@ -515,6 +518,14 @@ class LeakDetector:
             return (step,)
         self._add(step)
         return (step,)
+
+    def _shows(self, t: float, size: float) -> bool:
+        """The reading at ``t`` is above the one a period before it by half of ``size``: a step's jump, not a
+        tooth's wrap (which the wrap a period before explains)."""
+        assert self._season is not None
+        raw, lag = self._raw, self._season.lag
+        i = next((i for i in range(len(raw) - 1, -1, -1) if raw[i][0] < t), -1) + 1
+        return lag <= i < len(raw) and raw[i][1] - raw[i - lag][1] > 0.5 * size
 
     def _held_near(self, t: float, within: float) -> bool:
         """One of the newest held steps is dated within ``within`` of ``t``: a step found already."""
