@@ -51,7 +51,9 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    alone could not take them there: ``step_shape.seasonal_change``): a
    tooth's wrap is a jump, and an aliased tooth's top comes round only
    with its phase, so neither dates a step there (a step the floor or a
-   jump found first, up to a period before that reading, takes its date). Else the jump where the
+   jump found first, up to a period before that reading, takes its date,
+   unless it is of that size and its own reading is up a period apart
+   too: its jump, not a wrap). Else the jump where the
    readings show one (a spike sampled once that came down less than it went
    up: the lower reading); else the first reading that proves the step (above the
    old readings' top, no higher than the step lifts it, and with the next
