@@ -280,6 +280,18 @@ def test_a_tooths_wrap_that_a_step_held_up_is_dated_at_the_step_the_period_shows
     assert not [f for f in found if step.t - 600 <= f < step.t]
 
 
+def test_a_step_that_a_restart_cut_short_is_dated_by_its_jump_not_by_a_tooths_wrap_before_it(tmp_path: Path) -> None:
+    """The 63 s tooth read every 60 s, a 2.2% step 24 minutes before the engine restarted, still in its hold. The
+    jumps held up to the restart were taken for steps, the tooth's wrap before the step among them (2.6%, four
+    minutes early); that wrap is no higher than the wrap a period before it, which explains it."""
+    log = smi_logs.generate(68, 60, "fast-sawtooth", 0.02)  # a seeded log of the benchmark's tuned-on set
+    (step,) = [s for s in log.gpus[3].steps if abs(s.t - 1772659605) < 1]
+    assert [r for r in log.gpus[3].restarts if 0 < r - step.t < 1500]
+    _, found = _seeded_gpu(tmp_path, log, 3)
+    assert [f for f in found if step.t <= f <= step.t + 61]
+    assert not [f for f in found if step.t - 600 <= f < step.t]
+
+
 def test_a_step_found_both_a_period_apart_and_by_its_jump_is_reported_once(tmp_path: Path) -> None:
     """A log of restarts every few hours read every minute: a period of readings each above the one a period
     before found a step, and a window later its jump between two readings held and found it again, at the same

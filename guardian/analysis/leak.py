@@ -251,7 +251,8 @@ class LeakDetector:
 
     def _flush(self, t: float) -> None:
         """The series ends here (a restart, a gap): steps still in their hold count if the readings
-        show their jumps, each held to the end (a spike's jump is given back).
+        show their jumps, each held to the end (a spike's jump is given back; a tooth's wrap, no higher
+        than the one a period before, is none).
 
         A leak is often ended by the out-of-memory its last steps caused, before they could hold.
         """
@@ -267,6 +268,8 @@ class LeakDetector:
         rises = [(b[0], rise) for a, b in zip(raw, raw[1:]) if (rise := b[1] - a[1]) > tau
                  and t - b[0] >= (long_aged if spiky and self._jump_back >= 0.5 * rise
                                   and not came_down(raw, b[0], rise) else aged)]  # fmt: skip
+        if self._season is not None:  # a tooth's wrap is a jump that the wrap a period before explains
+            rises = [(when, rise) for when, rise in rises if self._shows(when, rise)]
         for step in _staircase(held_rises(rises, raw, self._level), self._level, t):
             self._add(step)
         self._candidate = None
