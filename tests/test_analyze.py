@@ -212,6 +212,15 @@ def _seeded_gpu(tmp_path: Path, log: smi_logs.Log, gpu: int) -> tuple[dict[str, 
     return found, [w.timestamp() for w in when]
 
 
+def _assert_dated_at_its_step(tmp_path: Path, log: smi_logs.Log, gpu: int, at: float, within: float) -> None:
+    """The GPU's true step at ``at`` is reported within ``within`` seconds after it, and nothing in the ten minutes
+    before it (the benchmark's early report)."""
+    (step,) = [s for s in log.gpus[gpu].steps if abs(s.t - at) < 1]
+    _, found = _seeded_gpu(tmp_path, log, gpu)
+    assert [f for f in found if step.t <= f <= step.t + within]
+    assert not [f for f in found if step.t - 600 <= f < step.t]
+
+
 def test_every_step_of_a_leak_on_a_slow_sawtooth_is_found_up_to_the_out_of_memory(tmp_path: Path) -> None:
     """A 19-minute sawtooth and 5% steps, the out-of-memory 22 minutes after the third: the floor sank to a
     trough in between (giving nothing back), and the third step is found only from its jump when the engine dies."""
@@ -263,10 +272,7 @@ def test_a_step_read_a_period_apart_is_looked_at_though_the_window_shrank_past_i
     and the 34 readings it passed over (the step's among them) were never looked at; the floor found the step
     later, merged with a tooth's wrap, and dated it four minutes before it happened (2%)."""
     log = smi_logs.generate(2067, 60, "fast-sawtooth", 0.01)  # a seeded log of the benchmark's tuned-on set
-    (step,) = [s for s in log.gpus[6].steps if abs(s.t - 1772688165) < 1]
-    _, found = _seeded_gpu(tmp_path, log, 6)
-    assert [f for f in found if step.t <= f <= step.t + 121]
-    assert not [f for f in found if step.t - 600 <= f < step.t]
+    _assert_dated_at_its_step(tmp_path, log, 6, 1772688165, 121)
 
 
 def test_a_tooths_wrap_that_a_step_held_up_is_dated_at_the_step_the_period_shows(tmp_path: Path) -> None:
@@ -274,10 +280,7 @@ def test_a_tooths_wrap_that_a_step_held_up_is_dated_at_the_step_the_period_shows
     readings after a wrap and held it up: the wrap's jump held a window and was taken for the step, nine
     minutes before it happened. Read a period apart the readings show the step where it was; that date wins."""
     log = smi_logs.generate(2067, 60, "fast-sawtooth", 0.01)  # a seeded log of the benchmark's tuned-on set
-    (step,) = [s for s in log.gpus[5].steps if abs(s.t - 1772830970) < 1]
-    _, found = _seeded_gpu(tmp_path, log, 5)
-    assert [f for f in found if step.t <= f <= step.t + 121]
-    assert not [f for f in found if step.t - 600 <= f < step.t]
+    _assert_dated_at_its_step(tmp_path, log, 5, 1772830970, 121)
 
 
 def test_a_step_that_a_restart_cut_short_is_dated_by_its_jump_not_by_a_tooths_wrap_before_it(tmp_path: Path) -> None:
@@ -285,11 +288,8 @@ def test_a_step_that_a_restart_cut_short_is_dated_by_its_jump_not_by_a_tooths_wr
     jumps held up to the restart were taken for steps, the tooth's wrap before the step among them (2.6%, four
     minutes early); that wrap is no higher than the wrap a period before it, which explains it."""
     log = smi_logs.generate(68, 60, "fast-sawtooth", 0.02)  # a seeded log of the benchmark's tuned-on set
-    (step,) = [s for s in log.gpus[3].steps if abs(s.t - 1772659605) < 1]
-    assert [r for r in log.gpus[3].restarts if 0 < r - step.t < 1500]
-    _, found = _seeded_gpu(tmp_path, log, 3)
-    assert [f for f in found if step.t <= f <= step.t + 61]
-    assert not [f for f in found if step.t - 600 <= f < step.t]
+    assert [r for r in log.gpus[3].restarts if 0 < r - 1772659605 < 1500]
+    _assert_dated_at_its_step(tmp_path, log, 3, 1772659605, 61)
 
 
 def test_a_step_found_both_a_period_apart_and_by_its_jump_is_reported_once(tmp_path: Path) -> None:

@@ -449,7 +449,8 @@ class LeakDetector:
         return ()
 
     def _periodic_at(self, j: int, t: float, window: float) -> Step | None:
-        """The step whose first reading a period above the one before it is ``raw[j]``, if it is one."""
+        """A new step whose first reading a period above the one before it is ``raw[j]`` (the level raised to it),
+        or None: no step there, or one found already (which takes the period's date unless it is its jump)."""
         assert self._season is not None and self._level is not None
         lag, noise, _ = self._season
         raw = self._raw
