@@ -436,12 +436,12 @@ class LeakDetector:
         # held as long as the floor takes to show it too (else the floor, not up yet, gives it back)
         held = max(2 * self._season.lag, math.ceil(max(self.p.hold_seconds, window) / self._dt))
         newest = len(raw) - 1 - held
-        j = newest
-        if j < 0:
+        if newest < 0:
             return ()
-        while j > 0 and raw[j - 1][0] > self._periodic_seen:
-            j -= 1
-        for j in range(j, newest + 1):
+        first = newest  # the oldest reading not looked at yet
+        while first > 0 and raw[first - 1][0] > self._periodic_seen:
+            first -= 1
+        for j in range(first, newest + 1):
             self._periodic_seen = raw[j][0]
             step = self._periodic_at(j, t, window)
             if step is not None:
