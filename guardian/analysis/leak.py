@@ -106,6 +106,7 @@ from guardian.analysis.step_shape import (
     period_lag,
     seasonal_change,
     step_size,
+    unmatched_rises,
 )
 
 
@@ -265,9 +266,13 @@ class LeakDetector:
         # held as long as a step must
         spiky = t - self._jump_back_t < self.p.max_envelope_seconds
         long_aged = max(self.p.hold_seconds, self._window(t))
-        rises = [(b[0], rise) for a, b in zip(raw, raw[1:]) if (rise := b[1] - a[1]) > tau
-                 and t - b[0] >= (long_aged if spiky and self._jump_back >= 0.5 * rise
-                                  and not came_down(raw, b[0], rise) else aged)]  # fmt: skip
+        moves = [(b[0], move) for a, b in zip(raw, raw[1:]) if abs(move := b[1] - a[1]) > tau]
+        # where spikes come and go, a fall of a rise's size (within noise) gave it back, though a step since
+        # holds the readings above where it rose from (elsewhere a fall is a tooth's, and gives back nothing)
+        kept = unmatched_rises(moves, 3 * self._noise.sigma) if spiky else moves
+        rises = [(when, rise) for when, rise in kept
+                 if rise > 0 and t - when >= (long_aged if spiky and self._jump_back >= 0.5 * rise
+                                              and not came_down(raw, when, rise) else aged)]  # fmt: skip
         if self._season is not None:  # a tooth's wrap is a jump that the wrap a period before explains
             rises = [(when, rise) for when, rise in rises if self._shows(when, rise)]
         for step in _staircase(held_rises(rises, raw, self._level), self._level, t):

@@ -120,7 +120,7 @@ def jumps(raw: Readings, level: float, size: float, tau: float) -> tuple[list[tu
         elif abs(move) > tau:
             found.append((raw[i][0], move))
             last, sign = i, (1.0 if move > 0 else -1.0)
-    found = held_rises(_unmatched_rises(found), raw, level)
+    found = held_rises(unmatched_rises(found), raw, level)
     visible = tau < 0.6 * size
     total = sum(r for _, r in found)
     if total > 1.5 * size:
@@ -142,11 +142,13 @@ def came_down(raw: Readings, when: float, rise: float) -> bool:
     return max(after[: low + 1]) - after[low] >= 0.5 * rise and max(after[low:]) - after[low] >= 0.5 * rise
 
 
-def _unmatched_rises(moves: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def unmatched_rises(moves: list[tuple[float, float]], within: float | None = None) -> list[tuple[float, float]]:
     """The rises no later fall of about their size gave back, oldest first.
 
     Only a fall of its own: where falls alike repeat (a sawtooth's teeth), one of them says
-    nothing of the rise before it.
+    nothing of the rise before it. A fall gives back the rise closest to it in size; with
+    ``within``, the newest within that of its size (a spike frees what it took, and the
+    spike's own rise is the newest: a step of about its size taken before it is not).
     """
     falls = [-m for _, m in moves if m < 0]
     rises: list[tuple[float, float]] = []
@@ -155,6 +157,11 @@ def _unmatched_rises(moves: list[tuple[float, float]]) -> list[tuple[float, floa
             rises.append((when, move))
             continue
         if sum(1 for f in falls if _alike(-move, f)) >= 3:
+            continue
+        if within is not None:
+            same = [i for i, (_, r) in enumerate(rises) if abs(r + move) <= within]
+            if same:
+                del rises[same[-1]]
             continue
         alike = [i for i, (_, r) in enumerate(rises) if _alike(-move, r)]
         if alike:
