@@ -98,6 +98,7 @@ from guardian.analysis.noise import Noise
 from guardian.analysis.period import Excursions
 from guardian.analysis.step_shape import (
     Season,
+    alike,
     came_down,
     change_point,
     held_rises,
@@ -475,7 +476,7 @@ class LeakDetector:
         if found:  # the floor or a jump found it first, dated it by a tooth: the period dates it better
             first = self._steps[found[0]]
             # one found before it, of its size and shown there a period apart too, is its jump (else a tooth's wrap)
-            if first.t > raw[j][0] or not (0.67 * size <= first.size <= 1.5 * size and self._shows(first.t, size)):
+            if first.t > raw[j][0] or not (alike(first.size, size) and self._shows(first.t, size)):
                 self._steps[found[0]] = replace(first, t=when)
                 self._steps.sort(key=lambda s: s.t)
             return None

@@ -156,20 +156,20 @@ def unmatched_rises(moves: list[tuple[float, float]], within: float | None = Non
         if move > 0:
             rises.append((when, move))
             continue
-        if sum(1 for f in falls if _alike(-move, f)) >= 3:
+        if sum(1 for f in falls if alike(-move, f)) >= 3:
             continue
         if within is not None:
             same = [i for i, (_, r) in enumerate(rises) if abs(r + move) <= within]
             if same:
                 del rises[same[-1]]
             continue
-        alike = [i for i, (_, r) in enumerate(rises) if _alike(-move, r)]
-        if alike:
-            del rises[min(alike, key=lambda i: abs(rises[i][1] + move))]
+        sized = [i for i, (_, r) in enumerate(rises) if alike(-move, r)]
+        if sized:
+            del rises[min(sized, key=lambda i: abs(rises[i][1] + move))]
     return rises
 
 
-def _alike(a: float, b: float) -> bool:
+def alike(a: float, b: float) -> bool:
     """Two moves of about one size: one could be the other given back."""
     return 0.67 * b <= a <= 1.5 * b
 
