@@ -312,8 +312,7 @@ class Run:
             t = loop.time()
             sample = self.sample(t)
             result = self.pipeline.step(sample, self.executor.finished(before=t))
-            self.gateway.follow({n: e.phase for n, e in result.evidence.items()},
-                                {n: sig.kv_pool_tokens for n, sig in result.signals.items()})  # fmt: skip
+            self.gateway.follow({n: e.phase for n, e in result.evidence.items()}, result.signals)
             for _, tr in result.decision.transitions:
                 self.result.max_level = max(self.result.max_level, int(tr.target))
             for action in result.decision.actions:

@@ -82,6 +82,7 @@ class CoreReading:
     kv_cache_usage: float | None = None  # 0..1
     preemptions_total: float | None = None
     prompt_tokens_total: float | None = None
+    prefill_seconds_total: float | None = None  # the sum of vLLM's per-request prefill times
     generation_tokens_total: float | None = None
     requests_finished_total: float | None = None  # summed over finished_reason
     prefix_cache_queries_total: float | None = None

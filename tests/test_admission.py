@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from guardian.gateway.admission import FIRST_RESTART_GUESS_SECONDS, Admission
+import pytest
+
+from guardian.gateway.admission import FIRST_RESTART_GUESS_SECONDS, Admission, Refusal
 from guardian.sim.virtual_loop import run
 
 
@@ -90,3 +92,106 @@ def test_a_low_request_whose_predicted_wait_passes_its_deadline_is_told_at_once_
     refusal, waited = run(main())
     assert refusal is not None and refusal.status == 429 and waited == 0  # type: ignore[attr-defined]
     assert 30 < refusal.retry_after <= 60 and "of queue ahead" in refusal.reason  # type: ignore[attr-defined]
+
+
+def _engine(share: float = 0.01, flood: float = 0.1) -> Admission:
+    """An engine whose polls said: a 96k-token pool (long prompts: 12k tokens or more), 40 us of prefill a token."""
+    adm = Admission(cap=8, queue_size=50, long_prefill_share=share, long_flood_share=flood)
+    adm.kv_tokens = 96_000
+    adm.prefill_seconds_per_token = 4e-5
+    return adm
+
+
+async def _shorts(adm: Admission) -> None:
+    """A short request every 2 s, each done in 1 s."""
+    while True:
+        assert await adm.acquire("low", 30, tokens=800) is None
+        await asyncio.sleep(1.0)
+        adm.release(800)
+        await asyncio.sleep(1.0)
+
+
+async def _longs(adm: Admission, every: float, n: int) -> list[object]:
+    """``n`` long prompts of 20k tokens (0.8 s of prefill), one every ``every`` seconds from 0.5 s, each done in 1 s:
+    when each was let through (loop time), or its refusal."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(0.5)
+    heard: list[object] = []
+    for _ in range(n):
+        asked = loop.time()
+        refusal = await adm.acquire("low", 30, tokens=20_000)
+        heard.append(loop.time() if refusal is None else refusal)
+        if refusal is None:
+            await asyncio.sleep(1.0)
+            adm.release(20_000)
+        await asyncio.sleep(max(0.0, asked + every - loop.time()))
+    return heard
+
+
+def test_occasional_long_prompts_go_as_the_pool_allows_while_short_ones_flow() -> None:
+    async def main() -> list[object]:
+        adm = _engine()
+        flow = asyncio.ensure_future(_shorts(adm))
+        heard = await _longs(adm, every=20.0, n=6)  # 0.8 s of prefill every 20 s: 4% of the engine's time
+        flow.cancel()
+        return heard
+
+    assert run(main()) == [0.5, 20.5, 40.5, 60.5, 80.5, 100.5]
+
+
+def test_a_flood_of_long_prompts_while_short_ones_flow_is_kept_to_its_share_and_told_its_turn_at_once() -> None:
+    async def main() -> list[object]:
+        adm = _engine()
+        flow = asyncio.ensure_future(_shorts(adm))
+        heard = await _longs(adm, every=5.0, n=15)  # 0.8 s every 5 s: 16% of the engine's time asked for
+        flow.cancel()
+        return heard
+
+    heard = run(main())
+    # until the asks pass 10% of a minute (the 8th), each goes at once; then the next's turn is 80 s after the
+    # last (0.8 s over 1%), and those whose turn is past their 30 s deadline are told so at once
+    assert heard[:7] == [0.5, 5.5, 10.5, 15.5, 20.5, 25.5, 30.5]
+    assert all(isinstance(h, Refusal) for h in heard[7:])
+    refusal = heard[7]
+    assert refusal.status == 429 and refusal.retry_after == 60  # type: ignore[attr-defined]
+    assert "a flood of long prompts (this one about 20000 tokens) takes at most 1% of the engine's time while short " \
+           "requests flow: about 75s until this one's turn" in refusal.reason  # type: ignore[attr-defined]
+
+
+def test_in_a_flood_a_waiting_long_prompt_goes_at_its_turn_even_with_no_release_to_wake_the_queue() -> None:
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        adm = _engine(flood=0.0)  # any long prompt is a flood
+        flow = asyncio.ensure_future(_shorts(adm))
+        await asyncio.sleep(0.5)
+        assert await adm.acquire("low", 30, tokens=14_000) is None
+        adm.release(14_000)
+        assert await adm.acquire("low", 100, tokens=14_000) is None  # its turn 56 s on: 0.56 s of prefill over 1%
+        flow.cancel()
+        return loop.time()
+
+    assert run(main()) == pytest.approx(56.5)
+
+
+def test_once_short_requests_stop_flowing_a_waiting_long_prompt_goes_without_waiting_for_its_turn() -> None:
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        adm = _engine(flood=0.0)
+        assert await adm.acquire("high", 30, tokens=500) is None  # the last short request, at 0
+        assert await adm.acquire("low", 30, tokens=20_000) is None
+        adm.release(20_000)
+        assert await adm.acquire("low", 100, tokens=20_000) is None  # its turn would be at 80 s
+        return loop.time()
+
+    assert run(main()) == 10.0  # SHORT_FLOW_SECONDS after the last short request: no release woke it, its timer did
+
+
+def test_a_share_of_one_lets_a_flood_of_long_prompts_go_as_the_pool_allows() -> None:
+    async def main() -> list[object]:
+        adm = _engine(share=1.0, flood=0.0)
+        flow = asyncio.ensure_future(_shorts(adm))
+        heard = await _longs(adm, every=5.0, n=4)
+        flow.cancel()
+        return heard
+
+    assert run(main()) == [0.5, 5.5, 10.5, 15.5]

@@ -102,14 +102,18 @@ async def test_dry_run_plans_the_tuner_moves_and_changes_nothing(tmp_path: Path,
     assert "action_planned" in captured.out + captured.err
 
 
-async def test_a_long_context_flood_gets_vllms_long_prefill_cap_by_one_restart_through_the_daemon(tmp_path: Path) -> None:
+async def test_a_long_context_flood_given_the_engine_as_the_pool_allows_gets_vllms_long_prefill_cap_by_one_restart(
+        tmp_path: Path) -> None:  # fmt: skip
     # the demo's flood at the efficacy bench's 2 req/s (at 3 it preempts, the breaker climbs, and the tuner holds
-    # above L1), with the demo's tuner settings: a 6 s window instead of a minute
+    # above L1), with the demo's tuner settings: a 6 s window instead of a minute; long prompts not kept to a share
+    # of the engine's time (gateway.long_prefill_share = 1), so they prefill beside the short ones
     flood = dataclasses.replace(scenarios.get("long-context-flood"), rate=lambda t: 2.0, tuner=scenarios.TUNER_DEMO)
     cluster = SimCluster(flood, engines=1, seed=3)
     await cluster.start()
     config = demo_config(cluster, 0, 0.25, tmp_path / "state")
-    config = config.model_copy(update={"actions": cfg.ActionsSection(drain_timeout_seconds=30, start_timeout_seconds=30)})
+    assert config.gateway is not None
+    config = config.model_copy(update={"actions": cfg.ActionsSection(drain_timeout_seconds=30, start_timeout_seconds=30),
+                                       "gateway": config.gateway.model_copy(update={"long_prefill_share": 1.0})})  # fmt: skip
     launcher = SimLauncher(cluster.servers[0], load_seconds=0.5, seed=3)
     daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""), launchers={"sim0": launcher})
     await daemon.start()
@@ -122,3 +126,28 @@ async def test_a_long_context_flood_gets_vllms_long_prefill_cap_by_one_restart_t
     assert cluster.servers[0].engine.params.long_prefill_token_threshold == 1024  # vLLM (the simulator) runs with it
     assert held.long_prefill == 1024 and held.max_num_seqs is None
     assert 'guardian_tuner_moves_total{engine="sim0",kind="long_prefill",reason="tune_long_prefill"} 1.0' in metrics
+
+
+async def test_a_long_context_flood_through_the_daemons_gateway_is_kept_to_its_share_at_the_prefill_speed_vllm_reports(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    # guardian's defaults: the gateway's long lane prices each long prompt by the prefill speed the polls read
+    # from the (simulated) vLLM's /metrics, sees the flood, and keeps it to 0.5% of the engine's time
+    logs.configure("console", "info")
+    flood = dataclasses.replace(scenarios.get("long-context-flood"), rate=lambda t: 2.0, tuner=scenarios.TUNER_DEMO)
+    cluster = SimCluster(flood, engines=1, seed=3)
+    await cluster.start()
+    config = demo_config(cluster, 0, 0.25, tmp_path / "state")
+    launcher = SimLauncher(cluster.servers[0], load_seconds=0.5, seed=3)
+    daemon = Daemon(config, nvml_module=cluster.nvml, notifier=Notifier(address=""), launchers={"sim0": launcher})
+    await daemon.start()
+    assert daemon.gateway is not None
+    admission = daemon.gateway.admission["sim0"]
+    async with load_through_gateway(daemon, cluster):
+        await asyncio.sleep(20)
+        speed = admission.prefill_seconds_per_token
+    outcomes = client_outcomes(cluster)
+    logged = capsys.readouterr()
+    assert speed is not None and 1e-5 < speed < 2e-4  # the simulator prefills 40 us a token, 20% from its prefix cache
+    assert "long_prompt_flood_began" in logged.out + logged.err
+    assert outcomes["429"] > 5 and outcomes["200"] > 15, outcomes  # the flood is refused, the short requests answered
+    assert launcher.started_with == []  # no restart: the long prompts never hold the short ones back for a window

@@ -17,6 +17,7 @@ from guardian.sources.vllm_page import LATENCY_HISTOGRAMS
 
 _COUNTERS = (
     "prompt_tokens_total",
+    "prefill_seconds_total",
     "generation_tokens_total",
     "requests_finished_total",
     "preemptions_total",
@@ -45,6 +46,7 @@ class EngineSignals:
     num_gpu_blocks: int | None = None
     latency: dict[str, Quantiles | None] = field(default_factory=dict)  # e2e, ttft, itl, queue
     prompt_tokens_per_second: float | None = None
+    prefill_seconds_per_token: float | None = None  # vLLM's prefill time per prompt token, over the window (see update)
     generation_tokens_per_second: float | None = None
     requests_per_second: float | None = None
     preemptions_per_second: float | None = None
@@ -123,6 +125,10 @@ class EngineTracker:
                 self._histograms[key].add(t, core.histograms.get(family))
             self._latency = {key: w.quantiles(t, self.window) for key, w in self._histograms.items()}
         rate = {key: self._counters[key].rate(t, self.window) for key in _RATES}
+        # per prompt token, what vLLM timed from scheduling to first token: prefix-cache hits cost nothing,
+        # and steps shared with others count whole, so under load it reads high (the gateway's long lane errs shorter)
+        prefilled = self._counters["prefill_seconds_total"].increase(t, self.window)
+        prompted = self._counters["prompt_tokens_total"].increase(t, self.window)
         drafted = self._counters["spec_draft_tokens_total"].increase(t, self.window)
         accepted = self._counters["spec_accepted_tokens_total"].increase(t, self.window)
         return EngineSignals(
@@ -134,6 +140,7 @@ class EngineTracker:
             num_gpu_blocks=core.num_gpu_blocks,
             latency=self._latency,
             prompt_tokens_per_second=rate["prompt_tokens_total"],
+            prefill_seconds_per_token=prefilled / prompted if prompted and prefilled is not None else None,
             generation_tokens_per_second=rate["generation_tokens_total"],
             requests_per_second=rate["requests_finished_total"],
             preemptions_per_second=rate["preemptions_total"],

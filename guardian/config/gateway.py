@@ -36,6 +36,8 @@ class GatewaySection(Section):
     queue_size: int = Field(256, ge=0, le=1_000_000)  # waiting per engine; past it 429
     queue_deadline_seconds: float = Field(30.0, gt=0, le=3600)  # waiting longer: 429 with Retry-After
     restart_hold_seconds: float = Field(300.0, ge=0, le=3600)  # requests wait out a restart expected to end within this; else 503
+    long_prefill_share: float = Field(0.005, gt=0, le=1)  # of an engine's time, a flood of long prompts' while short ones flow (1: no limit)
+    long_flood_share: float = Field(0.1, ge=0, le=1)  # long prompts asking for more of an engine's time (last minute) are a flood
     priority_header: str = "x-guardian-priority"  # high or low
     high_priority_keys_file: Path | None = None  # API keys (one a line) whose requests are high priority
     inject_priority: bool = False  # set vLLM's "priority" field (needs --scheduling-policy priority)

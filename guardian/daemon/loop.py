@@ -375,10 +375,9 @@ class Daemon:
         return self.snapshot
 
     def _route(self, result: PollResult) -> None:
-        """The gateway sends requests only to engines that are up (or not yet known), and sizes its long queue by their pools."""
+        """The gateway sends requests only to engines that are up (or not yet known); its long lane follows their pools and prefill speed."""
         if self.gateway is not None:
-            self.gateway.follow({n: e.phase for n, e in result.evidence.items()},
-                                {n: sig.kv_pool_tokens for n, sig in result.signals.items()})  # fmt: skip
+            self.gateway.follow({n: e.phase for n, e in result.evidence.items()}, result.signals)
 
     # -- decisions and actions ----------------------------------------------------
 

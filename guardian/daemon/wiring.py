@@ -172,6 +172,7 @@ def gateway_settings(config: cfg.Config) -> GatewaySettings:
         buckets=tuple(Bucket(b.name, b.max_tokens, tuple(b.engines) or every, b.preemptible) for b in g.buckets),
         chars_per_token=g.chars_per_token, long_context_tokens=g.long_context_tokens, concurrency=g.concurrency,
         queue_size=g.queue_size, queue_deadline_seconds=g.queue_deadline_seconds, restart_hold_seconds=g.restart_hold_seconds,
+        long_prefill_share=g.long_prefill_share, long_flood_share=g.long_flood_share,
         priority_header=g.priority_header.lower(),
         high_priority_keys=keys, inject_priority=g.inject_priority, high_priority_engines=tuple(g.high_priority_engines),
         priorities=tuple((str(lane), c.priority) for lane, c in config.tuner.classes.items()),

@@ -28,6 +28,25 @@ than ``LONG_SHARE_RATIO`` of the pool (one may always go): a flood of long
 contexts fills half the pool at most, and the short requests behind it are
 never behind it in the queue.
 
+Nor behind it in vLLM: its scheduler gives a running prefill as much of a
+step's token budget as it needs, so a short request that arrives while a
+30k-token prompt prefills waits for all of it (a second or more), and a
+cap on prefill chunks (``--long-prefill-token-threshold``) slows every
+prompt's prefill, the short ones' too. About as many short requests meet
+a long prefill as the share of the engine's time long prompts prefill.
+So in a flood (long prompts asking, over the last minute, for more than
+``long_flood_share`` of the engine's time: their tokens at the engine's
+measured prefill seconds per token) and while short requests flow (one
+dispatched within ``SHORT_FLOW_SECONDS``), long prompts' prefill takes at
+most ``long_prefill_share`` of the engine's time: after a long prompt
+goes, the next waits its prefill time over that share. The default of
+0.5% keeps the short ones' P99 near what it was without the flood (1%
+left it at 2.35x on one seed of five in ``bench/efficacy.py``); the
+flood is mostly answered 429, at once when the wait for the lane's turn
+is past the deadline. Occasional long prompts, those of their own pool
+(a bucket with its own engines) and those of a quiet engine go as the
+pool allows.
+
 A restart is priced by what this engine's restarts took (drain to admit,
 the last one; a first guess before any): a request that arrives during one
 waits for it and then its usual deadline, when the restart is expected to
@@ -44,15 +63,23 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Literal
 
+from guardian import logs
+
+log = logs.get("guardian.gateway")
+
 Lane = Literal["high", "low"]
 Queue = Literal["high", "low", "long"]
 FIRST_RESTART_GUESS_SECONDS = 120.0  # a restart before any was measured: a model load of a couple of minutes
+FIRST_PREFILL_GUESS_SECONDS_PER_TOKEN = 1e-4  # before the polls measure it: 10k prompt tokens a second (an 8B model on
+# an L4, a 70B one on an H100; an 8B one on an H100 is about 3x faster), so a flood is seen from its first seconds
 LONG_REQUEST_RATIO = 0.125  # a prompt of this share of the engine's KV pool or more waits in the long queue
 LONG_SHARE_RATIO = 0.5  # long requests in flight together hold at most this share of the pool (one always may)
 HIGH_RESERVE_RATIO = 0.2  # the last fifth of the cap's slots are the high lane's only
 HIGH_WAIT_TARGET_SECONDS = 0.5  # the high lane waiting this long takes every slot (see the module doc)
 RATE_WINDOW_SECONDS = 30.0  # the dispatch rate a low request's wait is predicted from
 RATE_MIN_DISPATCHES = 10  # fewer in the window: no prediction (the request waits as usual)
+SHORT_FLOW_SECONDS = 10.0  # a short request dispatched this recently: a flood of long prompts keeps to its share
+LONG_DEMAND_WINDOW_SECONDS = 60.0  # what long prompts asked for over this long tells a flood
 
 
 def _now() -> float:
@@ -67,7 +94,9 @@ class Refusal:
 
 
 class Admission:
-    def __init__(self, cap: int, queue_size: int, low_every: int = 4, restart_hold_seconds: float = 300.0) -> None:
+    def __init__(self, cap: int, queue_size: int, low_every: int = 4, restart_hold_seconds: float = 300.0,
+                 long_prefill_share: float = 1.0, long_flood_share: float = 0.1, engine: str = "") -> None:
+        self.engine = engine  # for the log
         self.cap = cap
         self.queue_size = queue_size
         self.low_every = low_every
@@ -80,6 +109,14 @@ class Admission:
         self.restart_seconds: float | None = None  # what the last restart took, drain to admit
         self._drain_began: float | None = None
         self.kv_tokens: int | None = None  # the engine's KV pool in tokens (blocks x block size), from the last poll
+        self.prefill_seconds_per_token: float | None = None  # the engine's, from the polls; None: not measured yet
+        self.long_prefill_share = long_prefill_share  # of the engine's time, in a flood while short requests flow (1: no limit)
+        self.long_flood_share = long_flood_share  # long prompts asking for more of the engine's time are a flood
+        self._long_asked: deque[tuple[float, int]] = deque()  # (when, prompt tokens) of the long prompts asked lately
+        self._flooding = False  # as last judged: the log says when it changes
+        self._last_long: tuple[float, int] = (-math.inf, 0)  # when the last long prompt went, and its tokens
+        self._short_at = -math.inf  # when a short request was last dispatched
+        self._long_timer: asyncio.TimerHandle | None = None  # dispatch when the long lane opens
         self._long_in_flight: Counter[int] = Counter()  # prompt sizes of the long requests in flight: a release matches its take
         self._queues: dict[Queue, deque[asyncio.Future[None]]] = {"high": deque(), "low": deque(), "long": deque()}
         self._tokens: dict[asyncio.Future[None], int] = {}  # a long waiter's prompt tokens
@@ -111,6 +148,8 @@ class Admission:
         if lane == "low" and self.high_only:
             return Refusal(503, f"only high-priority requests are admitted while the engine is at {self.why}", 30)
         queue: Queue = "long" if self.is_long(tokens) else lane
+        if queue == "long":
+            self._long_asked.append((_now(), tokens))
         if self._may_dispatch(queue, tokens) and not self._ahead(queue):
             self._take(queue, tokens)
             return None
@@ -122,7 +161,13 @@ class Admission:
         if self.queued >= self.queue_size:
             return Refusal(429, f"the queue in front of the engine is full ({self.queue_size} waiting)", 1)
         if queue != "high" and not (self.pause_low or self.draining):
-            wait = self._predicted_wait()
+            turn = self._long_wait() if queue == "long" else None
+            if turn is not None and turn > deadline_seconds:
+                return Refusal(429, f"a flood of long prompts (this one about {tokens} tokens) takes at most "
+                                    f"{self.long_prefill_share * 100:g}% of the engine's time while short requests flow: "
+                                    f"about {turn:.0f}s until this one's turn, more than the {deadline_seconds:g}s a "
+                                    "request waits", min(60, max(1, math.ceil(turn))))  # fmt: skip
+            wait = self._predicted_wait(self._ahead(queue))
             if wait is not None and wait > deadline_seconds:
                 return Refusal(429, f"the engine is busy: about {wait:.0f}s of queue ahead, more than the "
                                     f"{deadline_seconds:g}s a request waits", min(60, max(1, math.ceil(wait))))  # fmt: skip
@@ -131,6 +176,7 @@ class Admission:
         self._since[waiter] = _now()
         if queue == "long":
             self._tokens[waiter] = tokens
+            self._wake_when_long_opens()
         waiter.add_done_callback(self._forget)
         try:
             await asyncio.wait_for(asyncio.shield(waiter), deadline_seconds)
@@ -162,15 +208,13 @@ class Admission:
 
     def dispatch(self) -> None:
         """Hand free slots to waiting requests: high first, the low lane every ``low_every``-th slot."""
-        while True:
-            queue = self._next_queue()
-            if queue is None:
-                return
+        while (queue := self._next_queue()) is not None:
             waiter = self._queues[queue].popleft()
             if waiter.done():
                 continue
             self._take(queue, self._tokens.get(waiter, 0))
             waiter.set_result(None)
+        self._wake_when_long_opens()
 
     async def drain(self, timeout: float) -> int:
         """Stop dispatching; wait until nothing is in flight. Returns what is still in flight at the timeout."""
@@ -191,6 +235,8 @@ class Admission:
 
     def _may_dispatch(self, queue: Queue, tokens: int = 0) -> bool:
         if self.draining or self.in_flight >= self.cap:
+            return False
+        if queue == "long" and _now() < self._long_opens():
             return False
         if queue == "long" and self.kv_tokens is not None and (held := self.long_tokens):
             if held + tokens > self.kv_tokens * LONG_SHARE_RATIO:
@@ -216,6 +262,9 @@ class Admission:
         self._high_streak = self._high_streak + 1 if queue == "high" else 0
         if queue == "long":
             self._long_in_flight[tokens] += 1
+            self._last_long = (_now(), tokens)
+        else:
+            self._short_at = _now()
         self.in_flight += 1
         self._idle.clear()
         self._dispatched.append(_now())
@@ -229,9 +278,62 @@ class Admission:
         self._since.pop(waiter, None)
         self._tokens.pop(waiter, None)
 
-    def _predicted_wait(self) -> float | None:
-        """Seconds a request joining the back of the queue would wait, from the recent dispatch rate; None: not known."""
-        if not self.queued:
+    def _prefill_seconds(self, tokens: int) -> float:
+        """A prompt's prefill time at the engine's measured speed (a first guess before one is measured)."""
+        return tokens * (self.prefill_seconds_per_token or FIRST_PREFILL_GUESS_SECONDS_PER_TOKEN)
+
+    def _long_due(self) -> float:
+        """When the long lane's share lets the next long prompt go: the last one's prefill time over the share after it."""
+        went, tokens = self._last_long
+        return went + self._prefill_seconds(tokens) / self.long_prefill_share
+
+    def _flood(self) -> bool:
+        """Long prompts keep to their share of the engine's time: a flood of them while short requests flow."""
+        now = _now()
+        while self._long_asked and self._long_asked[0][0] <= now - LONG_DEMAND_WINDOW_SECONDS:
+            self._long_asked.popleft()
+        asked = self._prefill_seconds(sum(tokens for _, tokens in self._long_asked))  # retries too: each ask is one
+        flooding = (self.long_prefill_share < 1 and now < self._short_at + SHORT_FLOW_SECONDS
+                    and asked > self.long_flood_share * LONG_DEMAND_WINDOW_SECONDS)  # fmt: skip
+        if flooding != self._flooding:
+            self._flooding = flooding
+            log.info("long_prompt_flood_" + ("began" if flooding else "ended"), engine=self.engine,
+                     asked_share=round(asked / LONG_DEMAND_WINDOW_SECONDS, 4), flood_share=self.long_flood_share,
+                     long_prefill_share=self.long_prefill_share, prefill_seconds_per_token=self.prefill_seconds_per_token,
+                     short_requests_flowing=now < self._short_at + SHORT_FLOW_SECONDS)  # fmt: skip
+        return flooding
+
+    def _long_opens(self) -> float:
+        """When the long lane lets the next long prompt go: at once, or in a flood its turn (or when short ones stop)."""
+        return min(self._long_due(), self._short_at + SHORT_FLOW_SECONDS) if self._flood() else -math.inf
+
+    def _long_wait(self) -> float | None:
+        """Seconds a long prompt joining the long queue would wait for its turn in a flood, were short requests to keep
+        flowing; None when there is no flood (no turns)."""
+        if not self._flood():
+            return None
+        now = _now()
+        ahead = sum(self._tokens.get(w, 0) for w in self._queues["long"])
+        return max(0.0, self._long_due() - now) + self._prefill_seconds(ahead) / self.long_prefill_share
+
+    def _wake_when_long_opens(self) -> None:
+        """A long prompt waiting for the lane's share is dispatched when it opens, even if no release comes first."""
+        opens = self._long_opens()
+        if not self._queues["long"] or opens <= _now():
+            return
+        if self._long_timer is not None:
+            if self._long_timer.when() <= opens:
+                return
+            self._long_timer.cancel()
+        self._long_timer = asyncio.get_running_loop().call_at(opens, self._long_opened)
+
+    def _long_opened(self) -> None:
+        self._long_timer = None
+        self.dispatch()
+
+    def _predicted_wait(self, ahead: int) -> float | None:
+        """Seconds a request with ``ahead`` requests before it would wait, from the recent dispatch rate; None: not known."""
+        if not ahead:
             return None
         now = _now()
         while self._dispatched and now - self._dispatched[0] > RATE_WINDOW_SECONDS:
@@ -239,4 +341,4 @@ class Admission:
         if len(self._dispatched) < RATE_MIN_DISPATCHES:
             return None
         rate = len(self._dispatched) / max(1.0, now - self._dispatched[0])
-        return self.queued / rate
+        return ahead / rate

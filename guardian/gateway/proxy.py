@@ -37,6 +37,7 @@ from aiohttp import web
 from guardian import http1, logs
 from guardian.actions.gateway import Gates
 from guardian.actions.outcome import Outcome
+from guardian.analysis.engine_stats import EngineSignals
 from guardian.gateway import relay, routes
 from guardian.gateway.admission import Admission, Lane, Refusal
 from guardian.gateway.metrics import AdmissionGauges, GatewayMetrics
@@ -60,6 +61,8 @@ class GatewaySettings:
     queue_size: int = 256  # per engine
     queue_deadline_seconds: float = 30.0
     restart_hold_seconds: float = 300.0
+    long_prefill_share: float = 0.005  # of an engine's time, a flood of long prompts' while short requests flow (admission.py)
+    long_flood_share: float = 0.1  # long prompts asking for more of an engine's time are a flood
     priority_header: str = "x-guardian-priority"
     high_priority_keys: frozenset[str] = frozenset()
     inject_priority: bool = False  # only when vLLM runs with --scheduling-policy priority
@@ -117,7 +120,9 @@ class GatewayServer:
         self.upstreams = {name: url.rstrip("/") for name, url in upstreams.items()}
         self.metrics = metrics
         self.api_keys = dict(api_keys or {})  # engine -> key to send upstream (replaces the client's)
-        self.admission = {name: Admission(settings.concurrency, settings.queue_size, restart_hold_seconds=settings.restart_hold_seconds)
+        self.admission = {name: Admission(settings.concurrency, settings.queue_size, restart_hold_seconds=settings.restart_hold_seconds,
+                                          long_prefill_share=settings.long_prefill_share,
+                                          long_flood_share=settings.long_flood_share, engine=name)
                           for name in self.upstreams}  # fmt: skip
         metrics.registry.register(AdmissionGauges(self.admission))
         self.pools = {name: http1.Pool(url) for name, url in self.upstreams.items()}  # kept-alive connections per engine
@@ -302,13 +307,18 @@ class GatewayServer:
         """The seated request is over (answered, failed or gone): its place goes to the next."""
         self.admission[seat.engine].release(seat.tokens)
 
-    def follow(self, phases: Mapping[str, str | None], kv_tokens: Mapping[str, int | None]) -> None:
-        """The poll's word: route only to engines that are up (or not yet known), and their KV pools' sizes."""
+    def follow(self, phases: Mapping[str, str | None], signals: Mapping[str, EngineSignals]) -> None:
+        """The poll's word: route only to engines that are up (or not yet known); their KV pools' sizes and prefill speed."""
         for name, phase in phases.items():
             self.set_available(name, phase in (None, "up"), phase or "unknown")
-        for name, tokens in kv_tokens.items():
-            if name in self.admission and tokens:
-                self.admission[name].kv_tokens = tokens
+        for name, sig in signals.items():
+            admission = self.admission.get(name)
+            if admission is None:
+                continue
+            if tokens := sig.kv_pool_tokens:
+                admission.kv_tokens = tokens
+            if sig.prefill_seconds_per_token:  # none in the window (idle): the last known speed holds
+                admission.prefill_seconds_per_token = sig.prefill_seconds_per_token
 
     async def _not_routed(self, request: web.Request) -> web.Response:
         what = "one of vLLM's admin endpoints, never proxied" if routes.admin(request.path) else "not proxied"

@@ -149,7 +149,8 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             name="long-context-flood",
-            description="a third of requests carry 16k-60k token prompts: KV cache near full, preemptions",
+            description="a third of requests carry 16k-60k token prompts: the gateway keeps them to 0.5% of the engine's time "
+            "while short requests flow (the rest 429 + Retry-After): the KV cache never fills, the breaker stays at L0",
             rate=lambda t: 3.0,
             prompt=Lengths(500, 0.7, 16, 4000),
             output=Lengths(300, 0.6, 16, 2048),

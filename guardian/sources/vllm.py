@@ -9,7 +9,9 @@ The latency histograms are read every ``LATENCY_EVERY_POLLS`` scrapes (and
 on the first): they were most of a scrape's parsing and of the poll's
 window work, and the P99 they feed is over a minute's window, which a
 reading every few seconds follows as well (the reading says whether it
-carries them: ``latency_read``). Gauges and counters are read every poll.
+carries them: ``latency_read``), and so is the prefill-time histogram whose
+sum prices the gateway's long prompts. Gauges and counters are read every
+poll.
 
 Both are asked over ``guardian.http1``'s kept-alive connections, one pool per
 engine: through aiohttp's client a GET was a fifth of a poll's instructions.

@@ -13,6 +13,7 @@ from guardian.sample import CoreReading, Histogram
 from guardian.sources.promtext import Labels, Page
 
 PREFIX = "vllm:"
+PREFILL_TIME = "vllm:request_prefill_time_seconds"  # a histogram: only its sum is kept, read with the latencies
 
 # reading field -> the vLLM families it may come from, newest name first
 _SCALARS: dict[str, tuple[str, ...]] = {
@@ -21,6 +22,7 @@ _SCALARS: dict[str, tuple[str, ...]] = {
     "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     "preemptions_total": ("vllm:num_preemptions_total",),
     "prompt_tokens_total": ("vllm:prompt_tokens_total",),
+    "prefill_seconds_total": (PREFILL_TIME + "_sum",),  # what prefill costs a prompt token
     "generation_tokens_total": ("vllm:generation_tokens_total",),
     "requests_finished_total": ("vllm:request_success_total",),  # summed over finished_reason
     "prefix_cache_queries_total": ("vllm:prefix_cache_queries_total",),
@@ -44,11 +46,11 @@ HISTOGRAMS = tuple(LATENCY_HISTOGRAMS.values())
 # every family the extractor reads, as named on the page's HELP lines: the
 # scraper parses only these (a vLLM page has ~130 families)
 FAMILIES = frozenset(
-    [name for names in _SCALARS.values() for name in names]
+    [name.removesuffix("_sum") for names in _SCALARS.values() for name in names]  # a histogram's sum: its family
     + list(HISTOGRAMS)
     + ["vllm:engine_sleep_state", "vllm:cache_config_info"]
 )
-FAMILIES_WITHOUT_LATENCY = FAMILIES - frozenset(HISTOGRAMS)
+FAMILIES_WITHOUT_LATENCY = FAMILIES - frozenset(HISTOGRAMS) - {PREFILL_TIME}
 
 
 def has_engine_stats(page: Page) -> bool:

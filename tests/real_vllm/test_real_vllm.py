@@ -241,11 +241,12 @@ async def test_every_signal_guardian_extracts_is_on_the_real_page(host: Host) ->
     assert reading.up and reading.healthy is True and not reading.stats_disabled
     (core,) = reading.cores
     missing = [f for f in ("model_name", "running", "waiting", "kv_cache_usage", "preemptions_total", "prompt_tokens_total",
-                           "generation_tokens_total", "requests_finished_total", "prefix_cache_queries_total",
+                           "prefill_seconds_total", "generation_tokens_total", "requests_finished_total", "prefix_cache_queries_total",
                            "prefix_cache_hits_total", "block_size", "num_gpu_blocks", "gpu_memory_utilization")
                if getattr(core, f) is None]  # fmt: skip
     assert not missing, f"not on the real page: {missing}"
     assert core.generation_tokens_total is not None and core.generation_tokens_total >= 24
+    assert core.prefill_seconds_total is not None and core.prefill_seconds_total > 0  # the gateway's long lane prices by it
     for family in ("vllm:e2e_request_latency_seconds", "vllm:time_to_first_token_seconds",
                    "vllm:inter_token_latency_seconds", "vllm:request_queue_time_seconds"):  # fmt: skip
         hist = core.histograms.get(family)
