@@ -145,9 +145,11 @@ async def test_a_long_context_flood_through_the_daemons_gateway_is_kept_to_its_s
     async with load_through_gateway(daemon, cluster):
         await asyncio.sleep(20)
         speed = admission.prefill_seconds_per_token
+        metrics = daemon.metrics.render().decode()
     outcomes = client_outcomes(cluster)
     logged = capsys.readouterr()
     assert speed is not None and 1e-5 < speed < 2e-4  # the simulator prefills 40 us a token, 20% from its prefix cache
     assert "long_prompt_flood_began" in logged.out + logged.err
+    assert 'guardian_gateway_long_prompt_flood{engine="sim0"} 1.0' in metrics
     assert outcomes["429"] > 5 and outcomes["200"] > 15, outcomes  # the flood is refused, the short requests answered
     assert launcher.started_with == []  # no restart: the long prompts never hold the short ones back for a window

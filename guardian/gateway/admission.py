@@ -140,6 +140,11 @@ class Admission:
         """Long requests in flight."""
         return sum(self._long_in_flight.values())
 
+    @property
+    def flooding(self) -> bool:
+        """Whether a flood of long prompts kept to its share, as last judged (by a request or a dispatch)."""
+        return self._flooding
+
     def is_long(self, tokens: int) -> bool:
         return self.kv_tokens is not None and tokens >= self.kv_tokens * LONG_REQUEST_RATIO
 

@@ -47,7 +47,11 @@ class AdmissionGauges:
     def collect(self) -> Iterable[Metric]:
         in_flight = GaugeMetricFamily("guardian_gateway_in_flight", "Requests admitted and not finished, per engine.", labels=["engine"])
         queued = GaugeMetricFamily("guardian_gateway_queued", "Requests waiting for admission, per engine.", labels=["engine"])
+        flood = GaugeMetricFamily("guardian_gateway_long_prompt_flood",
+                                  "1 while a flood of long prompts keeps to its share of the engine's time, per engine.",
+                                  labels=["engine"])  # fmt: skip
         for name, adm in self.admission.items():
             in_flight.add_metric([name], adm.in_flight)
             queued.add_metric([name], adm.queued)
-        return [in_flight, queued]
+            flood.add_metric([name], float(adm.flooding))
+        return [in_flight, queued, flood]
