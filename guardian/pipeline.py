@@ -248,6 +248,7 @@ class Pipeline:
             sig, params.slo, min(utils) if utils else None, float(load.queued) if load else 0.0,
             breaker_level=int(state.breaker.level), restarting=state.restarting is not None, degraded=state.degraded,
             long_in_flight=load is not None and load.long_in_flight > 0,
+            short_in_flight=load is None or load.in_flight > load.long_in_flight,
             window_open=tc.restarts_open(sample.wall),
             restart_budget_ok=len(state.restarts) < self.config.actions.restart_budget - 1,  # one kept for the breaker
         )  # fmt: skip

@@ -59,4 +59,4 @@ def test_in_a_flood_of_long_prompts_short_ones_get_their_first_token_about_as_fa
     short_p99 = quantile(flood.short_ttft, 0.99)
     assert short_p99 <= 2 * quantile(calm.short_ttft, 0.99)  # long prompts keep to 0.5% of the engine's time
     assert flood.good / flood.sent > 0.6 and flood.outcomes["refused_429"] > 0.2 * flood.sent  # what is given up: most long ones
-    assert flood.cut_by_restart == 0
+    assert dict(flood.restarts) == {}  # nor a restart for vLLM's long-prefill cap: the flood never holds others back

@@ -319,6 +319,7 @@ def test_requests_waiting_in_vllm_behind_long_prefills_cap_them_by_one_restart_e
 
 @pytest.mark.parametrize("why", [
     {"long_in_flight": False},  # the wait is not long prompts' doing (a burst of short ones)
+    {"short_in_flight": False},  # long prompts wait behind each other: a cap would only slow each
     {"kv_usage": 0.95},  # the pool is full: requests wait for memory, the cap's to answer
     {"preemptions_per_second": 1.0},
     {"queue_p99": 0.2},  # they hardly wait

@@ -20,7 +20,7 @@ latency window):
 | breaker above L1, or a restart under way | none (and the window starts over) |
 | ``--max-num-seqs`` unknown, and vLLM runs the same N requests with others waiting and KV to spare (the short window) | the batch to N: that is the engine's limit (learnt, short cooldown) |
 | inside the cooldown after any move | none |
-| vLLM's P99 queue time over ``blocked_queue_seconds`` with KV to spare and nothing preempted, a long prompt in flight at most polls (the long window), no cap on long prefills yet | ``--long-prefill-token-threshold`` to ``long_prefill_tokens`` (slow, once) |
+| vLLM's P99 queue time over ``blocked_queue_seconds`` with KV to spare and nothing preempted, a long prompt and others in flight at most polls (the long window), no cap on long prefills yet | ``--long-prefill-token-threshold`` to ``long_prefill_tokens`` (slow, once) |
 | no SLO yet: none configured and the engine's unloaded P99 not learnt | only the preemption rule (and the one above) |
 | the first full window after a smaller batch shows P99 (or the preemptions it was for) not lower by ``improve_ratio`` | the batch back up; no smaller batch for ``blocked_seconds``, doubled per undo in a row |
 | preemptions above ``preemption_rate_limit`` throughout | batch down one step; the old batch is a ceiling for ``blocked_seconds`` (undone, like any smaller batch, when the preemptions did not drop) |
@@ -134,6 +134,7 @@ class Reading:
     window_open: bool = True  # a restart for tuning may begin now
     queue_p99: float | None = None  # vLLM's own P99 time in its waiting queue, seconds (vllm:request_queue_time_seconds)
     long_in_flight: bool = False  # the gateway has a long prompt in flight to this engine
+    short_in_flight: bool = True  # and others beside it (no gateway: not known, so not ruled out)
     restart_budget_ok: bool = True  # the breaker's hourly budget has room beyond its own reserve
 
 
@@ -286,7 +287,8 @@ def _blocked_by_long_prefill(s: TunerState, t: float, p: TunerParams) -> bool:
     that arrives meanwhile waits in vLLM's queue with seats and KV to spare. Over a full
     window: vLLM's P99 queue time past ``blocked_queue_seconds`` at every poll, its KV pool
     never full, nothing preempted (a wait for memory is the cap's to answer, not this), and
-    a long prompt in flight at most polls. ``--long-prefill-token-threshold`` caps each
+    a long prompt in flight at most polls with others beside it (long prompts waiting behind
+    each other gain nothing from a cap). ``--long-prefill-token-threshold`` caps each
     prefill's share of a step while others wait (vLLM's V1 scheduler; alone, a prompt still
     takes the whole budget).
     """
@@ -297,7 +299,8 @@ def _blocked_by_long_prefill(s: TunerState, t: float, p: TunerParams) -> bool:
     roomy = all(x.kv_usage is not None and x.kv_usage < p.kv_spare_below
                 and (x.preemptions_per_second or 0.0) <= p.preemption_rate_limit for x in window)  # fmt: skip
     long = sum(x.long_in_flight for x in window) >= p.long_share * len(window)
-    return waited and roomy and long
+    others = sum(x.short_in_flight for x in window) >= p.long_share * len(window)  # long ones behind long ones: no cap helps
+    return waited and roomy and long and others
 
 
 def _engine_limit(up: list[Reading], batch: int, p: TunerParams) -> int | None:
