@@ -195,3 +195,19 @@ def test_a_share_of_one_lets_a_flood_of_long_prompts_go_as_the_pool_allows() -> 
         return heard
 
     assert run(main()) == [0.5, 5.5, 10.5, 15.5]
+
+
+def test_a_flood_is_judged_over_by_the_poll_when_no_request_comes_to_judge_it() -> None:
+    async def main() -> tuple[bool, bool, bool]:
+        adm = _engine(flood=0.0)  # any long prompt is a flood while short ones flow
+        assert await adm.acquire("high", 30, tokens=500) is None
+        adm.release(500)
+        assert await adm.acquire("low", 30, tokens=20_000) is None
+        adm.release(20_000)
+        during = adm.flooding
+        await asyncio.sleep(70.0)  # nothing comes: the gauge would say "flood" for ever
+        before_poll = adm.flooding
+        adm.judge_flood()  # what every poll does (GatewayServer.follow)
+        return during, before_poll, adm.flooding
+
+    assert run(main()) == (True, True, False)

@@ -142,7 +142,7 @@ class Admission:
 
     @property
     def flooding(self) -> bool:
-        """Whether a flood of long prompts kept to its share, as last judged (by a request or a dispatch)."""
+        """Whether a flood of long prompts keeps to its share, as last judged (``judge_flood``)."""
         return self._flooding
 
     def is_long(self, tokens: int) -> bool:
@@ -292,8 +292,12 @@ class Admission:
         went, tokens = self._last_long
         return went + self._prefill_seconds(tokens) / self.long_prefill_share
 
-    def _flood(self) -> bool:
-        """Long prompts keep to their share of the engine's time: a flood of them while short requests flow."""
+    def judge_flood(self) -> bool:
+        """Long prompts keep to their share of the engine's time: a flood of them while short requests flow.
+
+        Judged when a request or a release asks, and by every poll (``GatewayServer.follow``), so that
+        ``flooding`` and the log see a flood end on an engine no request reaches any more.
+        """
         now = _now()
         while self._long_asked and self._long_asked[0][0] <= now - LONG_DEMAND_WINDOW_SECONDS:
             self._long_asked.popleft()
@@ -310,12 +314,12 @@ class Admission:
 
     def _long_opens(self) -> float:
         """When the long lane lets the next long prompt go: at once, or in a flood its turn (or when short ones stop)."""
-        return min(self._long_due(), self._short_at + SHORT_FLOW_SECONDS) if self._flood() else -math.inf
+        return min(self._long_due(), self._short_at + SHORT_FLOW_SECONDS) if self.judge_flood() else -math.inf
 
     def _long_wait(self) -> float | None:
         """Seconds a long prompt joining the long queue would wait for its turn in a flood, were short requests to keep
         flowing; None when there is no flood (no turns)."""
-        if not self._flood():
+        if not self.judge_flood():
             return None
         now = _now()
         ahead = sum(self._tokens.get(w, 0) for w in self._queues["long"])

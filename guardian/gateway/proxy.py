@@ -319,6 +319,7 @@ class GatewayServer:
                 admission.kv_tokens = tokens
             if sig.prefill_seconds_per_token:  # none in the window (idle): the last known speed holds
                 admission.prefill_seconds_per_token = sig.prefill_seconds_per_token
+            admission.judge_flood()
 
     async def _not_routed(self, request: web.Request) -> web.Response:
         what = "one of vLLM's admin endpoints, never proxied" if routes.admin(request.path) else "not proxied"
