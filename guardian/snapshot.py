@@ -61,6 +61,7 @@ class GatewayView:
     routed: bool
     why_not: str | None
     refused: int  # requests answered 429/503 by the gateway since start
+    long_prompt_flood: bool = False  # a flood of long prompts keeps to its share of the engine's time
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,7 +137,8 @@ def status(snap: Snapshot | None, started_wall: float, interval: float) -> dict[
 
 def _gateway_status(view: GatewayView, load: GatewayLoad | None) -> dict[str, Any]:
     counts = {"in_flight": load.in_flight, "queued": load.queued, "cap": load.cap} if load else dict.fromkeys(("in_flight", "queued", "cap"))
-    return {**counts, "gates": view.gates, "routed": view.routed, "why_not": view.why_not, "refused": view.refused}
+    return {**counts, "gates": view.gates, "routed": view.routed, "why_not": view.why_not, "refused": view.refused,
+            "long_prompt_flood": view.long_prompt_flood}
 
 
 def _engine_status(snap: Snapshot, name: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from guardian import cli, logs, status_json
-from guardian.commands import replay
+from guardian.commands import replay, status_view
 from guardian import config as cfg
 from guardian.daemon import Daemon
 from guardian.commands.demo import demo_config
@@ -146,10 +146,13 @@ async def test_a_long_context_flood_through_the_daemons_gateway_is_kept_to_its_s
         await asyncio.sleep(20)
         speed = admission.prefill_seconds_per_token
         metrics = daemon.metrics.render().decode()
+        status = status_json.status(daemon.snapshot, 0.0, 0.25)
     outcomes = client_outcomes(cluster)
     logged = capsys.readouterr()
     assert speed is not None and 1e-5 < speed < 2e-4  # the simulator prefills 40 us a token, 20% from its prefix cache
     assert "long_prompt_flood_began" in logged.out + logged.err
     assert 'guardian_gateway_long_prompt_flood{engine="sim0"} 1.0' in metrics
+    assert status["gateway"]["sim0"]["long_prompt_flood"] is True
+    assert "long-prompt flood held to its share" in status_view.render(status)
     assert outcomes["429"] > 5 and outcomes["200"] > 15, outcomes  # the flood is refused, the short requests answered
     assert launcher.started_with == []  # no restart: the long prompts never hold the short ones back for a window

@@ -81,6 +81,7 @@ def render(doc: dict[str, Any], now: float | None = None) -> str:
         lines += ["", f"{'GATEWAY':<10} {'FLIGHT':>6} {'QUEUE':>5} {'CAP':>4} {'REFUSED':>7}  GATES"]
         for name, g in doc["gateway"].items():
             gates = g["gates"] if g.get("routed", True) else f"not routed: {g.get('why_not')}"
+            gates += "; long-prompt flood held to its share" if g.get("long_prompt_flood") else ""
             counts = [_shown(g.get(k), '{}') for k in ("in_flight", "queued", "cap", "refused")]
             lines.append(f"{name:<10.10} {counts[0]:>6} {counts[1]:>5} {counts[2]:>4} {counts[3]:>7}  {gates}")
     firing = [a for a in doc.get("alerts", []) if a.get("firing")]

@@ -199,7 +199,8 @@ class GatewayServer:
 
     def views(self) -> dict[str, GatewayView]:
         """Per engine, for ``/status`` and ``guardian status``: gates, routing, refusals."""
-        return {name: GatewayView(_gates_text(self.gates[name]), name not in self.down, self.down.get(name), self.refused[name])
+        return {name: GatewayView(_gates_text(self.gates[name]), name not in self.down, self.down.get(name), self.refused[name],
+                                  self.admission[name].flooding)
                 for name in self.admission}  # fmt: skip
 
     def loads(self) -> tuple[GatewayLoad, ...]:
