@@ -83,6 +83,7 @@ class CoreReading:
     preemptions_total: float | None = None
     prompt_tokens_total: float | None = None
     prefill_seconds_total: float | None = None  # the sum of vLLM's per-request prefill times
+    finished_prompt_tokens_total: float | None = None  # the prompt tokens of the same (finished) requests
     generation_tokens_total: float | None = None
     requests_finished_total: float | None = None  # summed over finished_reason
     prefix_cache_queries_total: float | None = None

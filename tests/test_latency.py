@@ -96,17 +96,20 @@ def test_counter_with_one_point_has_no_rate() -> None:
     assert c.rate(1, 10) is None
 
 
-def test_prefill_seconds_per_token_is_vllms_prefill_time_over_the_prompt_tokens_of_the_window() -> None:
+def test_prefill_seconds_per_token_is_vllms_prefill_time_over_the_prompt_tokens_of_the_same_requests() -> None:
     from guardian.analysis.engine_stats import EngineTracker
     from guardian.sample import CoreReading, EngineReading
 
     tracker = EngineTracker("e", 60.0, 3)
 
-    def poll(t: float, prompt: float, prefill: float):  # type: ignore[no-untyped-def]
-        core = CoreReading("0", prompt_tokens_total=prompt, prefill_seconds_total=prefill)
+    def poll(t: float, prompt: float | None, prefill: float | None, computed: float = 0.0):  # type: ignore[no-untyped-def]
+        core = CoreReading("0", prompt_tokens_total=computed, prefill_seconds_total=prefill, finished_prompt_tokens_total=prompt)
         return tracker.update(t, EngineReading("e", up=True, healthy=True, cores=(core,)), {})
 
     assert poll(0.0, 1000, 0.5).prefill_seconds_per_token is None  # one point: no window yet
     assert poll(5.0, 31_000, 1.7).prefill_seconds_per_token == pytest.approx(1.2 / 30_000)  # 40 us a token
+    # polls that do not read the per-request histograms (4 of 5) leave the ratio as it was, whatever vLLM
+    # computed meanwhile (vllm:prompt_tokens_total counts at scheduling, not the requests that were timed)
+    assert poll(6.0, None, None, computed=90_000).prefill_seconds_per_token == pytest.approx(1.2 / 30_000)
     assert poll(10.0, 31_000, 1.7).prefill_seconds_per_token == pytest.approx(1.2 / 30_000)  # idle poll: the window's
     assert poll(100.0, 31_000, 1.7).prefill_seconds_per_token is None  # nothing prefilled in the window: not known

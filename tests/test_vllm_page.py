@@ -18,6 +18,7 @@ def test_real_vllm_page_gives_the_values_vllm_reported(vllm_page: str) -> None:
     assert core.preemptions_total == 1
     assert core.prompt_tokens_total == 5000
     assert core.prefill_seconds_total == 0.12  # vllm:request_prefill_time_seconds_sum: only the sum is kept
+    assert core.finished_prompt_tokens_total == 900  # vllm:request_prompt_tokens_sum: the same requests' prompts
     assert core.generation_tokens_total == 40
     assert core.requests_finished_total == 1  # summed over finished_reason
     assert (core.block_size, core.num_gpu_blocks, core.gpu_memory_utilization) == (16, 27000, 0.9)

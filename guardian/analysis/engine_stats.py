@@ -18,6 +18,7 @@ from guardian.sources.vllm_page import LATENCY_HISTOGRAMS
 _COUNTERS = (
     "prompt_tokens_total",
     "prefill_seconds_total",
+    "finished_prompt_tokens_total",
     "generation_tokens_total",
     "requests_finished_total",
     "preemptions_total",
@@ -125,10 +126,11 @@ class EngineTracker:
                 self._histograms[key].add(t, core.histograms.get(family))
             self._latency = {key: w.quantiles(t, self.window) for key, w in self._histograms.items()}
         rate = {key: self._counters[key].rate(t, self.window) for key in _RATES}
-        # per prompt token, what vLLM timed from scheduling to first token: prefix-cache hits cost nothing,
-        # and steps shared with others count whole, so under load it reads high (the gateway's long lane errs shorter)
+        # per prompt token of the requests that finished, what vLLM timed from their scheduling to their first
+        # token (both sums read on the same polls): prefix-cache hits cost nothing, and steps shared with others
+        # count whole, so under load it reads high (the gateway's long lane errs shorter)
         prefilled = self._counters["prefill_seconds_total"].increase(t, self.window)
-        prompted = self._counters["prompt_tokens_total"].increase(t, self.window)
+        prompted = self._counters["finished_prompt_tokens_total"].increase(t, self.window)
         drafted = self._counters["spec_draft_tokens_total"].increase(t, self.window)
         accepted = self._counters["spec_accepted_tokens_total"].increase(t, self.window)
         return EngineSignals(

@@ -327,8 +327,10 @@ class Admission:
 
     def _wake_when_long_opens(self) -> None:
         """A long prompt waiting for the lane's share is dispatched when it opens, even if no release comes first."""
+        if not self._queues["long"]:  # every release comes here: nothing to judge without a long prompt waiting
+            return
         opens = self._long_opens()
-        if not self._queues["long"] or opens <= _now():
+        if opens <= _now():
             return
         if self._long_timer is not None:
             if self._long_timer.when() <= opens:

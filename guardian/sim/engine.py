@@ -242,7 +242,6 @@ class EngineModel:
                 self.metrics.prefix_queries.inc(req.prompt_tokens)
                 self.metrics.prefix_hits.inc(cached)
                 self.metrics.prompt_tokens.inc(req.prompt_tokens)
-                self.metrics.request_prompt_tokens.observe(req.prompt_tokens)
             prefill.append((req, chunk))
             budget -= chunk
 
@@ -325,6 +324,7 @@ class EngineModel:
                 m.inference_time.observe(at - req.scheduled_at)
                 first = req.first_token_at or at
                 m.prefill_time.observe(first - req.scheduled_at)
+                m.request_prompt_tokens.observe(req.prompt_tokens)  # vLLM observes both as the request finishes
                 m.decode_time.observe(at - first)
                 if req.generated > 1:
                     m.tpot.observe((at - first) / (req.generated - 1))

@@ -13,7 +13,9 @@ from guardian.sample import CoreReading, Histogram
 from guardian.sources.promtext import Labels, Page
 
 PREFIX = "vllm:"
-PREFILL_TIME = "vllm:request_prefill_time_seconds"  # a histogram: only its sum is kept, read with the latencies
+# per-request histograms vLLM observes as each request finishes: only their sums are kept (what prefill cost
+# the prompt tokens of the same requests), read with the latency histograms
+PREFILL_TIME, PROMPT_TOKENS = "vllm:request_prefill_time_seconds", "vllm:request_prompt_tokens"
 
 # reading field -> the vLLM families it may come from, newest name first
 _SCALARS: dict[str, tuple[str, ...]] = {
@@ -22,7 +24,8 @@ _SCALARS: dict[str, tuple[str, ...]] = {
     "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     "preemptions_total": ("vllm:num_preemptions_total",),
     "prompt_tokens_total": ("vllm:prompt_tokens_total",),
-    "prefill_seconds_total": (PREFILL_TIME + "_sum",),  # what prefill costs a prompt token
+    "prefill_seconds_total": (PREFILL_TIME + "_sum",),
+    "finished_prompt_tokens_total": (PROMPT_TOKENS + "_sum",),
     "generation_tokens_total": ("vllm:generation_tokens_total",),
     "requests_finished_total": ("vllm:request_success_total",),  # summed over finished_reason
     "prefix_cache_queries_total": ("vllm:prefix_cache_queries_total",),
@@ -50,7 +53,7 @@ FAMILIES = frozenset(
     + list(HISTOGRAMS)
     + ["vllm:engine_sleep_state", "vllm:cache_config_info"]
 )
-FAMILIES_WITHOUT_LATENCY = FAMILIES - frozenset(HISTOGRAMS) - {PREFILL_TIME}
+FAMILIES_WITHOUT_LATENCY = FAMILIES - frozenset(HISTOGRAMS) - {PREFILL_TIME, PROMPT_TOKENS}
 
 
 def has_engine_stats(page: Page) -> bool:

@@ -241,7 +241,7 @@ async def test_every_signal_guardian_extracts_is_on_the_real_page(host: Host) ->
     assert reading.up and reading.healthy is True and not reading.stats_disabled
     (core,) = reading.cores
     missing = [f for f in ("model_name", "running", "waiting", "kv_cache_usage", "preemptions_total", "prompt_tokens_total",
-                           "prefill_seconds_total", "generation_tokens_total", "requests_finished_total", "prefix_cache_queries_total",
+                           "prefill_seconds_total", "finished_prompt_tokens_total", "generation_tokens_total", "requests_finished_total", "prefix_cache_queries_total",
                            "prefix_cache_hits_total", "block_size", "num_gpu_blocks", "gpu_memory_utilization")
                if getattr(core, f) is None]  # fmt: skip
     assert not missing, f"not on the real page: {missing}"
