@@ -295,7 +295,7 @@ class Admission:
     def judge_flood(self) -> bool:
         """Long prompts keep to their share of the engine's time: a flood of them while short requests flow.
 
-        Judged when a request or a release asks, and by every poll (``GatewayServer.follow``), so that
+        Judged when a long prompt asks or waits, and by every poll (``GatewayServer.follow``), so that
         ``flooding`` and the log see a flood end on an engine no request reaches any more.
         """
         now = _now()
