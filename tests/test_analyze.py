@@ -283,6 +283,15 @@ def test_a_tooths_wrap_that_a_step_held_up_is_dated_at_the_step_the_period_shows
     _assert_dated_at_its_step(tmp_path, log, 5, 1772830970, 121)
 
 
+def test_a_step_no_reading_proved_yet_on_an_aliased_tooth_is_dated_by_the_reading_that_proves_it(tmp_path: Path) -> None:
+    """A 53 s tooth read every 60 s climbs 0.6% a reading and wraps every seven. The floor confirmed a 0.44% step
+    at the newest reading, which (with no next one) proved nothing, and it was dated at the first reading on the
+    new floor: a trough from before the step, two minutes before it happened. The reading that proves it (above
+    the old readings' top, and the next one too) came with the tooth's next high phase; that is its date now."""
+    log = smi_logs.generate(66, 60, "fast-sawtooth", 0.005)  # a seeded log of the benchmark's tuned-on set
+    _assert_dated_at_its_step(tmp_path, log, 0, 1772513717, 241)
+
+
 def test_a_step_that_a_restart_cut_short_is_dated_by_its_jump_not_by_a_tooths_wrap_before_it(tmp_path: Path) -> None:
     """The 63 s tooth read every 60 s, a 2.2% step 24 minutes before the engine restarted, still in its hold. The
     jumps held up to the restart were taken for steps, the tooth's wrap before the step among them (2.6%, four

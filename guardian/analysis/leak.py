@@ -59,7 +59,10 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    old readings' top, no higher than the step lifts it, and with the next
    one above it too where the readings repeat: ``step_shape.change_point``),
    else the first on the new floor; never the start of the flank it may
-   sit on.
+   sit on. Where the readings have a period, the first on the new floor is
+   often a trough from before the step (an aliased tooth's floor), so a
+   reading that proves the step within a window after it was found (and
+   before the next step) dates it instead.
 5. **Given back.** The envelope below the floor for a hold gives the newest
    steps back, each once it is under the step's middle (so a floor sinking
    by degrees gives it back too), or the one recent step the fall is the
@@ -97,6 +100,7 @@ from guardian.analysis.model_load import Load
 from guardian.analysis.noise import Noise
 from guardian.analysis.period import Excursions
 from guardian.analysis.step_shape import (
+    Doubt,
     Season,
     alike,
     came_down,
@@ -105,10 +109,21 @@ from guardian.analysis.step_shape import (
     jumps,
     moved_within,
     period_lag,
+    proves,
     seasonal_change,
     step_size,
     unmatched_rises,
 )
+
+
+@dataclass
+class _Unproven:
+    """A step dated where no reading proved it yet: a reading above the old top before ``until`` dates it."""
+
+    step: Step
+    doubt: Doubt
+    until: float
+    single: float | None = None  # the first reading above the top alone, taken if no two in a row come
 
 
 @dataclass
@@ -159,6 +174,7 @@ class LeakDetector:
         self._season: Season | None = None  # the readings' period
         self._season_at = 0  # the update it was fitted at
         self._periodic_seen = -math.inf  # the newest reading ``_periodic_step`` has looked at
+        self._unproven: list[_Unproven] = []
 
     # -- what the caller knows ------------------------------------------------------------
 
@@ -182,6 +198,8 @@ class LeakDetector:
         """
         before = len(self._steps)
         self._flush(t)
+        for u in list(self._unproven):
+            self._prove(u, t, ended=True)
         return self._report(t, tuple(self._steps[before:]), warming_up=self._loading is not None)
 
     # -- the stream -------------------------------------------------------------------------
@@ -245,6 +263,7 @@ class LeakDetector:
         self._loading = Load.begin(t)
         self._level = None
         self._candidate, self._below_since, self._jump, self._pending = None, None, None, []
+        self._unproven.clear()  # what comes after a restart or a gap proves nothing of the steps before it
         self._trace.clear()
         self._prev2 = (None, None)
         self._excursions.reset()
@@ -322,6 +341,9 @@ class LeakDetector:
         p = self.p
         assert self._level is not None
         k = self._k()
+        if self._unproven:
+            for u in list(self._unproven):
+                self._prove(u, t)
         # time off the floor of the last hour is the background's period; stretches that held a
         # step, a load or memory given back say nothing about it
         hour_floor = self._env.min_since(max(t - p.max_envelope_seconds, self._loaded_at))
@@ -514,11 +536,12 @@ class LeakDetector:
             for step in steps:
                 self._add(step)
             return tuple(steps)
+        doubt: Doubt | None = None
         if found:  # the jump may be a tooth's return that a step held up; the period tells
             seasonal = self._period_date(found[0][0], size, window)
             when = found[0][0] if seasonal is None else seasonal
         else:
-            when = change_point(self._raw, plateau, size, window, self._noise.sigma, self._season)
+            when, doubt = change_point(self._raw, plateau, size, window, self._noise.sigma, self._season)
         size = step_size(self._raw, when, t, window, size) or size
         step = Step(t=when, size=size, found_at=t, before=level)
         last = self._steps[-1] if self._steps else None
@@ -529,7 +552,34 @@ class LeakDetector:
             self._steps[-1] = step
             return (step,)
         self._add(step)
+        if doubt is not None and self._season is not None:
+            self._unproven.append(_Unproven(step, doubt, until=t + window))
         return (step,)
+
+    def _prove(self, u: _Unproven, t: float, ended: bool = False) -> None:
+        """A step dated without proof takes the date of the first reading that proves it (above the old top,
+        and the next one too; else the first alone, once the window of doubt closes or the log ends).
+
+        Checked as each reading comes: the reading before the newest is the one its next can pair.
+        """
+        if u.step not in self._steps:  # given back, or grown by the floor's next stage: its date stands
+            self._unproven.remove(u)
+            return
+        when = None
+        if not ended and proves(u.doubt, self._raw[-2]):
+            if u.doubt.top < self._raw[-1][1]:
+                when = self._raw[-2][0]
+            elif u.single is None:
+                u.single = self._raw[-2][0]
+        if when is None:
+            if not ended and t < u.until:
+                return
+            when = u.single
+        self._unproven.remove(u)
+        i = self._steps.index(u.step)
+        # a reading lifted by the next step proves nothing of this one
+        if when is not None and (i + 1 == len(self._steps) or when < self._steps[i + 1].t):
+            self._steps[i] = replace(u.step, t=when)
 
     def _shows(self, t: float, size: float) -> bool:
         """The reading at ``t`` is above the one a period before it by half of ``size``: a step's jump, not a
@@ -618,7 +668,7 @@ class LeakDetector:
         raw = [(s, v) for s, v in self._raw if s >= since]
         found, _ = jumps(raw, step.before, rest, self._noise.jump_threshold(k))
         if not found:
-            found = [(max(step.t, change_point(raw, floor, rest, window, self._noise.sigma, self._season)), rest)]
+            found = [(max(step.t, change_point(raw, floor, rest, window, self._noise.sigma, self._season)[0]), rest)]
         return _staircase(found, step.before, t)
 
     def _add(self, step: Step) -> None:

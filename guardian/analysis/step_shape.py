@@ -45,10 +45,20 @@ def step_size(raw: Readings, when: float, t: float, window: float, floors: float
     return size if size > 0 else None
 
 
+class Doubt(NamedTuple):
+    """A step's date that no reading has proved yet: the readings after ``start`` may prove it, by rising
+    above the old readings' ``top`` (by no more than the step could lift it)."""
+
+    start: float
+    top: float
+    size: float
+
+
 def change_point(
     raw: Readings, new_floor: float, size: float, window: float, sigma: float, season: Season | None = None
-) -> float:
-    """When the step happened, erring late: never on the flank of the tooth it sits on.
+) -> tuple[float, Doubt | None]:
+    """When the step happened, erring late: never on the flank of the tooth it sits on; and, where no
+    reading proves it yet, what a later reading must show to prove it (``proof``).
 
     After the last reading under the new floor the step may have happened at any
     time; the first reading above the old readings' top proves it had (on a flat
@@ -57,7 +67,9 @@ def change_point(
     higher sits on an excursion the old readings may not have shown: a spike that
     held the step inside it) and, where the readings repeat themselves, the next
     one is above the top too (one alone may be noise: the top's margin is at most
-    half the step). Without such a reading, the first one on the new floor.
+    half the step). Without such a reading, the first one on the new floor, in doubt:
+    on a tooth aliased by slow sampling the new floor is often a reading from before
+    the step, and the proof comes with the tooth's next high phase.
     Where the background has a period, the period dates it first (``seasonal_change``).
     """
     margin = min(0.5 * size, max(0.25 * size, 2 * sigma))
@@ -67,20 +79,30 @@ def change_point(
             break
         start = s
     if start is None:
-        return raw[-1][0]
+        return raw[-1][0], None
     seasonal = seasonal_change(raw, start, size, season)
     if seasonal is not None:
-        return seasonal
+        return seasonal, None
     before = sorted(v for s, v in raw if start - window <= s < start)
-    if before:
-        top = before[int(0.98 * (len(before) - 1))] + margin
-        # where no two in a row are above the top (a fast background sampled slowly), the first alone; the
-        # newest reading, with no next one to confirm it, proves nothing (the first on the new floor dates it then)
-        proofs = [(a[0], top < b[1]) for a, b in pairwise(raw) if a[0] >= start and top < a[1] <= top + size]
-        proof = next((s for s, paired in proofs if paired), proofs[0][0] if proofs else None)
-        if proof is not None:
-            return proof
-    return next((s for s, v in raw if s >= start and v <= new_floor + margin), start)
+    first_on_floor = next((s for s, v in raw if s >= start and v <= new_floor + margin), start)
+    if not before:
+        return first_on_floor, None
+    doubt = Doubt(start, before[int(0.98 * (len(before) - 1))] + margin, size)
+    proved = proof(raw, doubt)
+    return (first_on_floor, doubt) if proved is None else (proved, None)
+
+
+def proof(raw: Readings, doubt: Doubt) -> float | None:
+    """The first reading after ``doubt.start`` above the old top (no higher than the step lifts it) with the
+    next one above it too; where no two in a row are (a fast background sampled slowly), the first alone.
+    The newest reading, with no next one to confirm it, proves nothing yet."""
+    proofs = [(a[0], doubt.top < b[1]) for a, b in pairwise(raw) if proves(doubt, a)]
+    return next((s for s, paired in proofs if paired), proofs[0][0] if proofs else None)
+
+
+def proves(doubt: Doubt, reading: tuple[float, float]) -> bool:
+    """The reading is after the step's last possible moment and above the old top, by no more than the step."""
+    return reading[0] >= doubt.start and doubt.top < reading[1] <= doubt.top + doubt.size
 
 
 def moved_within(trace: Readings, level: float, plateau: float, seconds: float) -> bool:
