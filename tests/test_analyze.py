@@ -283,7 +283,18 @@ def test_a_tooths_wrap_that_a_step_held_up_is_dated_at_the_step_the_period_shows
     _assert_dated_at_its_step(tmp_path, log, 5, 1772830970, 121)
 
 
-def test_a_step_no_reading_proved_yet_on_an_aliased_tooth_is_dated_by_the_reading_that_proves_it(tmp_path: Path) -> None:
+def test_a_small_step_on_a_slow_sawtooth_is_not_proved_by_a_tooth_no_higher_than_the_old_ones(tmp_path: Path) -> None:
+    """A 27-minute tooth read every 5 s, a 0.27% step just after a peak. The old readings' top was their 98th
+    percentile, under the old teeth's peaks (a few readings each), so this tooth's peak, no higher than theirs,
+    "proved" the step 100 s before it happened. A top that two of three readings in a row reached is the old peak; the
+    next tooth's peak, lifted by the step, proves it."""
+    log = smi_logs.generate(40, 5, "slow-sawtooth", 0.003)  # a seeded log of the benchmark's tuned-on set
+    _assert_dated_at_its_step(tmp_path, log, 1, 1772423936, log.gpus[1].period + 300)
+
+
+def test_a_step_no_reading_proved_yet_on_an_aliased_tooth_is_dated_by_the_reading_that_proves_it(
+    tmp_path: Path,
+) -> None:
     """A 53 s tooth read every 60 s climbs 0.6% a reading and wraps every seven. The floor confirmed a 0.44% step
     at the newest reading, which (with no next one) proved nothing, and it was dated at the first reading on the
     new floor: a trough from before the step, two minutes before it happened. The reading that proves it (above
