@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -218,9 +217,8 @@ def _assert_dated_at_its_step(tmp_path: Path, log: smi_logs.Log, gpu: int, at: f
     before it (the benchmark's early report)."""
     (step,) = [s for s in log.gpus[gpu].steps if abs(s.t - at) < 1]
     _, found = _seeded_gpu(tmp_path, log, gpu)
-    second = math.floor(step.t)  # --json gives whole seconds
-    assert [f for f in found if second <= f <= step.t + within]
-    assert not [f for f in found if step.t - 600 <= f < second]
+    assert [f for f in found if step.t <= f <= step.t + within]
+    assert not [f for f in found if step.t - 600 <= f < step.t]
 
 
 def test_every_step_of_a_leak_on_a_slow_sawtooth_is_found_up_to_the_out_of_memory(tmp_path: Path) -> None:
@@ -283,14 +281,6 @@ def test_a_tooths_wrap_that_a_step_held_up_is_dated_at_the_step_the_period_shows
     minutes before it happened. Read a period apart the readings show the step where it was; that date wins."""
     log = smi_logs.generate(2067, 60, "fast-sawtooth", 0.01)  # a seeded log of the benchmark's tuned-on set
     _assert_dated_at_its_step(tmp_path, log, 5, 1772830970, 121)
-
-
-def test_a_ramps_creep_is_not_confirmed_as_a_step_while_the_floor_rises_into_a_bigger_jump(tmp_path: Path) -> None:
-    """A slow ramp read every 5 s, 2% steps. The floor's window still held the readings from before a step's jump,
-    so it rose only by what the ramp had crept since the level was set (0.25%), and that was confirmed as a step
-    of its own, dated four minutes before the real one. The step is found by its jump; the creep is drift."""
-    log = smi_logs.generate(2048, 5, "slow-ramp", 0.02)  # a seeded log of the benchmark's tuned-on set
-    _assert_dated_at_its_step(tmp_path, log, 0, 1772462783, 5)
 
 
 def test_a_small_step_on_a_slow_sawtooth_is_not_proved_by_a_tooth_no_higher_than_the_old_ones(tmp_path: Path) -> None:
