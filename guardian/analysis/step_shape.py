@@ -84,16 +84,17 @@ def change_point(
     if seasonal is not None:
         return seasonal, None
     old = [v for s, v in raw if start - window <= s < start]
-    first_on_floor = next((s for s, v in raw if s >= start and v <= new_floor + margin), start)
-    if not old:
-        return first_on_floor, None
-    before = sorted(old)
-    # the top: above all but a few outliers (a spike the window caught), and at least as high as two of three
-    # readings in a row reached (a slow tooth's peak is a few readings: a percentile of them would sit under it)
-    held = max((sorted(three)[1] for three in zip(old, old[1:], old[2:])), default=before[-1])
-    doubt = Doubt(start, max(before[int(0.98 * (len(before) - 1))] + margin, held), size)
-    proved = proof(raw, doubt)
-    return (first_on_floor, doubt) if proved is None else (proved, None)
+    doubt = None
+    if old:
+        before = sorted(old)
+        # the top: above all but a few outliers (a spike the window caught), and at least as high as two of three
+        # readings in a row reached (a slow tooth's peak is a few readings: a percentile of them would sit under it)
+        held = max((sorted(three)[1] for three in zip(old, old[1:], old[2:])), default=before[-1])
+        doubt = Doubt(start, max(before[int(0.98 * (len(before) - 1))] + margin, held), size)
+        proved = proof(raw, doubt)
+        if proved is not None:
+            return proved, None
+    return next((s for s, v in raw if s >= start and v <= new_floor + margin), start), doubt
 
 
 def proof(raw: Readings, doubt: Doubt) -> float | None:
