@@ -29,7 +29,11 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    (or ``W / 2`` if longer), reached *abruptly*: a floor that took more than
    half a window to rise, or rose where the readings are smooth enough to
    show a jump and show none, crept — drift, absorbed into the floor (and
-   counted by the creep rule), not a step. ``k`` is half the smallest step
+   counted by the creep rule), not a step; so, where the floor crept within
+   the hour, is one whose window still holds the readings before a jump more
+   than twice its rise (it rose by what the creep added since the level was
+   set; the jump is the step, found by itself: a spike's jump, on a
+   background that does not creep, leaves a real small step alone). ``k`` is half the smallest step
    of interest or ``noise_factor`` sigmas of the envelope's own jitter,
    whichever is larger. Steps closer than a window are told apart by their
    jumps.
@@ -175,6 +179,7 @@ class LeakDetector:
         self._season_at = 0  # the update it was fitted at
         self._periodic_seen = -math.inf  # the newest reading ``_periodic_step`` has looked at
         self._unproven: list[_Unproven] = []
+        self._crept_at = -math.inf  # when the floor last rose by a creep
 
     # -- what the caller knows ------------------------------------------------------------
 
@@ -525,9 +530,13 @@ class LeakDetector:
         # jumps the readings show are steps however slowly the floor followed (steps closer than
         # its window lift it in stages); without them, a floor that rose slowly crept
         if not found and not moved_within(self._trace, level, plateau, self._abrupt(window)):
+            self._crept_at = t
             return ()  # drift, not a step
         if not found and visible:
+            self._crept_at = t
             return ()  # the readings would show a jump this big, and show none: the floor crept
+        if not found and t - self._crept_at <= self.p.max_envelope_seconds and self._rising_into_a_jump(t, size, window):
+            return ()  # a creeping floor whose window still holds the readings before a bigger jump: the jump is the step
         # what the readings showed up to here is accounted for: the last jump found, else all of it
         self._quiet_since = found[-1][0] + self._dt / 2 if found else t
         self._noise.floors.clear()  # the floor's jitter is measured between steps, not across them
@@ -580,6 +589,19 @@ class LeakDetector:
         # a reading lifted by the next step proves nothing of this one
         if when is not None and (i + 1 == len(self._steps) or when < self._steps[i + 1].t):
             self._steps[i] = replace(u.step, t=when)
+
+    def _rising_into_a_jump(self, t: float, size: float, window: float) -> bool:
+        """A jump of more than twice ``size`` inside the floor's window that held: the floor, still taken over
+        the readings before it, rose by what they did (a ramp's creep), not by a step of its own.
+
+        Asked only where the floor crept within the hour: elsewhere a spike still up inside the window is
+        such a jump too, and the floor's rise under it a real small step."""
+        raw = [(s, v) for s, v in self._raw if s > t - window]
+        tau = self._noise.jump_threshold(self._k())
+        for (_, a), (s, b) in itertools.pairwise(raw):
+            if b - a > max(tau, 2 * size) and min(v for w, v in raw if w >= s) >= a + 0.5 * (b - a):
+                return True
+        return False
 
     def _shows(self, t: float, size: float) -> bool:
         """The reading at ``t`` is above the one a period before it by half of ``size``: a step's jump, not a
