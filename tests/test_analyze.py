@@ -297,6 +297,18 @@ def test_a_slow_ramps_creep_under_a_step_the_floor_has_not_taken_in_yet_is_no_st
     _assert_dated_at_its_step(tmp_path, log, 0, at, 60)
 
 
+def test_a_step_found_by_its_jump_on_a_slow_ramp_is_reported_once_not_again_by_the_floor(tmp_path: Path) -> None:
+    """A slow ramp read every 60 s, 0.5% steps. A step found by its jump raised the level by the jump, but the level
+    was set hours before, and the ramp had crept under the threshold since: the floor stood that creep above the
+    new level and was confirmed as a second step of 0.3-0.4%, 4-10 minutes after the first. The floor, a window
+    after the jump, is the level now: each step is reported once."""
+    log = smi_logs.generate(1076, 60, "slow-ramp", 0.005)  # a seeded log of the benchmark's tuned-on set
+    _, found = _seeded_gpu(tmp_path, log, 0)
+    for at in (1772457471, 1772617756, 1772661997, 1772676649, 1772730510):
+        (step,) = [s for s in log.gpus[0].steps if abs(s.t - at) < 1]
+        assert len([f for f in found if math.floor(step.t) <= f <= step.t + 900]) == 1
+
+
 def test_a_small_step_on_a_slow_sawtooth_is_not_proved_by_a_tooth_no_higher_than_the_old_ones(tmp_path: Path) -> None:
     """A 27-minute tooth read every 5 s, a 0.27% step just after a peak. The old readings' top was their 98th
     percentile, under the old teeth's peaks (a few readings each), so this tooth's peak, no higher than theirs,

@@ -445,7 +445,8 @@ class LeakDetector:
         if seasonal is not None and abs(seasonal - when) > 1.5 * self._dt:
             return ()  # a tooth's wrap held up by a step the period places elsewhere: the floor will tell
         step = Step(t=when, size=rise, found_at=t, before=self._level)
-        self._level += rise
+        # the floor has had a window since the jump: it is the level now, if the rise (less the background's) fell short
+        self._level = max(self._level + rise, self._env.min_since(max(t - window, self._loaded_at)))
         self._candidate = None
         self._quiet_since = when + self._dt / 2  # the readings after its jump may show more steps
         self._noise.floors.clear()
