@@ -415,15 +415,20 @@ class LeakDetector:
         """
         assert self._level is not None
         tau = self._noise.jump_threshold(k)
-        if len(self._raw) >= 2:
-            before = self._raw[-2][1]
-            if value - before > tau:
-                self._pending.append((t, before, value - before))
+        move = value - self._raw[-2][1] if len(self._raw) >= 2 else 0.0
+        if move > tau:
+            self._pending.append((t, value - move, move))
         if not self._pending:
             return ()
         # given back: under half the jump above where it rose from, or above the floor if that is lower (a
         # step on a tooth's high phase stays above the trough it came from when the tooth falls)
         kept = [(s, b, r) for s, b, r in self._pending if value >= min(b, self._level) + 0.5 * r]
+        if -move > tau and self._season is None and t - self._jump_back_t < self.p.max_envelope_seconds:
+            # where spikes come and go, a fall of a jump's size gave it back, though a step taken while it was up
+            # holds the readings over half of it (a step inside a spike): the jump closest in size to the fall
+            sized = [j for j in kept if alike(-move, j[2])]
+            if sized:
+                kept.remove(min(sized, key=lambda j: abs(j[2] + move)))
         if len(kept) < len(self._pending):  # given back: jumps like it belong to the background here
             self._jump_back_t = t
             self._jump_back = max(r for s, b, r in self._pending if (s, b, r) not in kept)
