@@ -423,15 +423,16 @@ class LeakDetector:
         # given back: under half the jump above where it rose from, or above the floor if that is lower (a
         # step on a tooth's high phase stays above the trough it came from when the tooth falls)
         kept = [(s, b, r) for s, b, r in self._pending if value >= min(b, self._level) + 0.5 * r]
-        if -move > tau and self._season is None and t - self._jump_back_t < self.p.max_envelope_seconds:
-            # where spikes come and go, a fall of a jump's size gave it back, though a step taken while it was up
-            # holds the readings over half of it (a step inside a spike): the jump closest in size to the fall
-            sized = [j for j in kept if alike(-move, j[2])]
-            if sized:
-                kept.remove(min(sized, key=lambda j: abs(j[2] + move)))
         if len(kept) < len(self._pending):  # given back: jumps like it belong to the background here
             self._jump_back_t = t
             self._jump_back = max(r for s, b, r in self._pending if (s, b, r) not in kept)
+        if -move > tau and self._season is None and t - self._jump_back_t < self.p.max_envelope_seconds:
+            # where spikes come and go, a fall of a jump's size (within noise) gave it back, though a step taken
+            # while it was up holds the readings over half of it (a step inside a spike; the step's own jump is
+            # left to be found); a tooth's fall is only about a step's size. The jump closest in size to the fall
+            sized = [j for j in kept if abs(j[2] + move) <= 3 * self._noise.sigma]
+            if sized:
+                kept.remove(min(sized, key=lambda j: abs(j[2] + move)))
         self._pending = kept
         if not kept or t - kept[0][0] < max(window, self.p.hold_seconds / 2):
             return ()
