@@ -418,6 +418,9 @@ class LeakDetector:
         move = value - self._raw[-2][1] if len(self._raw) >= 2 else 0.0
         if move > tau:
             self._pending.append((t, value - move, move))
+        spiky = self._season is None and t - self._jump_back_t < self.p.max_envelope_seconds
+        if -move > tau and spiky and not any(abs(r + move) <= 0.25 * r for _, _, r in self._pending):
+            self._spike_fell(t, -move, tau)  # no jump since the step explains the fall: the step may be the spike
         if not self._pending:
             return ()
         # given back: under half the jump above where it rose from, or above the floor if that is lower (a
@@ -426,7 +429,7 @@ class LeakDetector:
         if len(kept) < len(self._pending):  # given back: jumps like it belong to the background here
             self._jump_back_t = t
             self._jump_back = max(r for s, b, r in self._pending if (s, b, r) not in kept)
-        if -move > tau and self._season is None and t - self._jump_back_t < self.p.max_envelope_seconds:
+        if -move > tau and spiky:
             # where spikes come and go, a fall of a jump's size (within noise) gave it back, though a step taken
             # while it was up holds the readings over half of it (a step inside a spike; the step's own jump is
             # left to be found); a tooth's fall is only about a step's size. The jump closest in size to the fall
@@ -458,6 +461,25 @@ class LeakDetector:
         self._noise.floors.clear()
         self._add(step)
         return (step,)
+
+    def _spike_fell(self, t: float, fall: float, tau: float) -> None:
+        """A fall of the newest step's size (within noise) and no pending jump's, with the readings still up by a
+        jump since the step: the step was a spike the floor took for one (it outlasted a window and a hold), and
+        the jump inside it is the step. The step takes that jump's date and size."""
+        if not self._steps:
+            return
+        step = self._steps[-1]
+        if step.given_back_at is not None or t - step.found_at > self.p.max_envelope_seconds:
+            return
+        if abs(step.size - fall) > 3 * self._noise.sigma:
+            return
+        inside = [(b[0], b[1] - a[1]) for a, b in itertools.pairwise(r for r in self._raw if r[0] > step.t)]
+        rises = [(when, rise) for when, rise in inside[:-1] if rise > tau]  # the newest move is the fall
+        if rises:
+            when, rise = max(rises, key=lambda r: r[1])
+            # the readings fell to where that jump alone lifts them from the step's floor
+            if abs(self._raw[-1][1] - step.before - rise) <= max(3 * self._noise.sigma, 0.25 * rise):
+                self._steps[-1] = replace(step, t=when, size=rise)
 
     def _periodic_step(self, t: float, window: float) -> tuple[Step, ...]:
         """A period of readings each above the one a period before them, that held two periods (and a
