@@ -338,6 +338,10 @@ class LeakDetector:
         longest = gaps[0][1] if gaps else 0.0
         return min(p.max_envelope_seconds, max(p.envelope_seconds, 1.5 * longest, 4 * self._dt))
 
+    def _floor(self, t: float, window: float) -> float:
+        """The lowest of the medians of three over the window, since the load (its readings are no floor)."""
+        return self._env.min_since(max(t - window, self._loaded_at))
+
     def _off_floor(self, t: float, gap: float) -> None:
         while self._gaps and self._gaps[-1][1] <= gap:
             self._gaps.pop()
@@ -374,7 +378,7 @@ class LeakDetector:
                     and not (stepped and last_stepped)):
                 self._off_floor(t, min(last, excursion))
         window = self._window(t)
-        floor = self._env.min_since(max(t - window, self._loaded_at))  # the load's readings are no floor
+        floor = self._floor(t, window)
         if t - self._floor_t >= window and self._candidate is None:
             self._noise.floors.append(floor)
             self._floor_t = t
@@ -426,10 +430,9 @@ class LeakDetector:
         move = value - self._raw[-2][1] if len(self._raw) >= 2 else 0.0
         if move > tau:
             self._pending.append((t, value - move, move))
-        spiky = self._season is None and t - self._jump_back_t < self.p.max_envelope_seconds
-        if -move > tau and spiky and not any(abs(r + move) <= 0.25 * r for _, _, r in self._pending):
-            self._spike_fell(t, -move, tau)  # no jump since the step explains the fall: the step may be the spike
-        if not self._pending:
+        # a fall where spikes come and go (as jumps were given back lately, before this reading)
+        spike_fell = -move > tau and self._season is None and t - self._jump_back_t < self.p.max_envelope_seconds
+        if not self._pending and not spike_fell:
             return ()
         # given back: under half the jump above where it rose from, or above the floor if that is lower (a
         # step on a tooth's high phase stays above the trough it came from when the tooth falls)
@@ -437,13 +440,15 @@ class LeakDetector:
         if len(kept) < len(self._pending):  # given back: jumps like it belong to the background here
             self._jump_back_t = t
             self._jump_back = max(r for s, b, r in self._pending if (s, b, r) not in kept)
-        if -move > tau and spiky:
-            # where spikes come and go, a fall of a jump's size (within noise) gave it back, though a step taken
-            # while it was up holds the readings over half of it (a step inside a spike; the step's own jump is
-            # left to be found); a tooth's fall is only about a step's size. The jump closest in size to the fall
+        if spike_fell:
+            # a fall of a jump's size (within noise) gave it back, though a step taken while it was up holds the
+            # readings over half of it (a step inside a spike; the step's own jump is left to be found); a
+            # tooth's fall is only about a step's size. The jump closest in size to the fall
             sized = [j for j in kept if abs(j[2] + move) <= 3 * self._noise.sigma]
             if sized:
                 kept.remove(min(sized, key=lambda j: abs(j[2] + move)))
+            if not any(abs(r + move) <= 0.25 * r for _, _, r in self._pending):
+                self._spike_fell(t, -move, tau)  # no jump since the step explains the fall: the step may be the spike
         self._pending = kept
         if not kept or t - kept[0][0] < max(window, self.p.hold_seconds / 2):
             return ()
@@ -463,7 +468,7 @@ class LeakDetector:
             return ()  # a tooth's wrap held up by a step the period places elsewhere: the floor will tell
         step = Step(t=when, size=rise, found_at=t, before=self._level)
         # the floor has had a window since the jump: it is the level now, if the rise (less the background's) fell short
-        self._level = max(self._level + rise, self._env.min_since(max(t - window, self._loaded_at)))
+        self._level = max(self._level + rise, self._floor(t, window))
         self._candidate = None
         self._quiet_since = when + self._dt / 2  # the readings after its jump may show more steps
         self._noise.floors.clear()
@@ -546,7 +551,7 @@ class LeakDetector:
             return None
         # the floor has had a window to show it: it is the level now, unless it took the step in already (as a
         # creep: no step then) and stands above it
-        floor = self._env.min_since(max(t - window, self._loaded_at))
+        floor = self._floor(t, window)
         step = Step(t=when, size=size, found_at=t, before=min(self._level, floor - size))
         self._level = max(self._level, floor)
         self._candidate = None
