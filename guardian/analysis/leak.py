@@ -598,8 +598,9 @@ class LeakDetector:
         last = self._steps[-1] if self._steps else None
         recent = last is not None and last.given_back_at is None and t - last.found_at <= 2 * window
         if last is not None and recent and (step.t - last.t < window / 2 or size < 0.5 * last.size):
-            # the floor of a sawtooth rises in stages as the old troughs leave the window: one step
-            step = replace(last, size=last.size + size, found_at=t)
+            # the floor of a sawtooth rises in stages as the old troughs leave the window: one step, dated where
+            # most of it rose (a first stage smaller than the rest was the troughs' drift before it)
+            step = replace(last, t=step.t if size > last.size else last.t, size=last.size + size, found_at=t)
             self._steps[-1] = step
             return (step,)
         self._add(step)
