@@ -315,6 +315,18 @@ def test_a_tooths_wrap_that_a_step_held_up_is_dated_at_the_step_the_period_shows
     _assert_dated_at_its_step(tmp_path, log, 5, 1772830970, 121)
 
 
+@pytest.mark.parametrize("at", [1772687787, 1772692861, 1772696588])
+def test_steps_under_a_tooth_that_alternates_and_drifts_are_each_found_at_their_reading(
+    tmp_path: Path, at: float
+) -> None:
+    """A 9.3 s tooth, 2.5% of the card, read every 60.1 s: the readings alternate, drift down over half an hour and
+    wrap, and 1% steps come every 20-45 minutes. The floor over any window short of the drift rose and fell by
+    more than a step: steps were dated at wraps, up to nine minutes before they happened, or merged. With the
+    tooth found from the readings and taken off them, each step is a jump at its own reading."""
+    log = smi_logs.generate(2067, 60, "fast-sawtooth", 0.01)  # a seeded log of the benchmark's tuned-on set
+    _assert_dated_at_its_step(tmp_path, log, 4, at, 61)
+
+
 def test_a_floor_that_rose_in_stages_is_one_step_dated_where_most_of_it_rose(tmp_path: Path) -> None:
     """A 16 s tooth read every 60 s after a restart: its aliased troughs drifted up 0.8% and the floor confirmed
     that as a small step, dated at a tooth's top three readings before a 5.9% step; the step, found a window

@@ -16,7 +16,11 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    compile ended and the KV pool arrived) is more of the load, not a step,
    and steps found just before it go with it. Live, the daemon says when the
    engine turned healthy (``ready``).
-2. **The floor on the background's own time scale.** The level is the lower
+2. **A tooth read slower than it repeats, taken off.** Where readings come
+   ``unfold_interval_seconds`` apart or more, a tooth whose phase the readings
+   fold by (``alias.py``) is taken off each reading, and the readings kept are
+   read again when one is found or lost: the rest of the method sees the level.
+3. **The floor on the background's own time scale.** The level is the lower
    envelope: the minimum (of a median of three readings) over a window
    ``W``, 1.5× the longest time the memory recently stayed off its floor
    (the background's period: a sawtooth's tooth, a spike), at least
@@ -25,7 +29,7 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    with a step about once per period never returns to an old floor. A
    rising flank is then not a staircase, and a step under a tall tooth
    still lifts the floor.
-3. **A step** is the envelope above the floor by ``k`` for ``hold_seconds``
+4. **A step** is the envelope above the floor by ``k`` for ``hold_seconds``
    (or ``W / 2`` if longer), reached *abruptly*: a floor that took more than
    half a window to rise, or rose where the readings are smooth enough to
    show a jump and show none, crept — drift, absorbed into the floor (and
@@ -49,7 +53,7 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    by more than 4× the noise there, held for two periods and a window, is
    a step whatever ``k`` is: an aliased tooth makes the floor jitter by
    more than a 1% step.
-4. **When.** Where the readings repeat with a period (however the sampling
+5. **When.** Where the readings repeat with a period (however the sampling
    aliases it), the first reading that the one a period before it does not
    explain, nor any after it back down (as far as the period's own drift
    alone could not take them there: ``step_shape.seasonal_change``): a
@@ -67,7 +71,7 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    often a trough from before the step (an aliased tooth's floor), so a
    reading that proves the step within a window after it was found (and
    before the next step) dates it instead.
-5. **Given back.** The envelope below the floor for a hold gives the newest
+6. **Given back.** The envelope below the floor for a hold gives the newest
    steps back, each once it is under the step's middle (so a floor sinking
    by degrees gives it back too), or the one recent step the fall is the
    size of (a spike that held a step inside it leaves the step; one held
@@ -98,6 +102,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from statistics import median
 
+from guardian.analysis.alias import Unfolder
 from guardian.analysis.envelope import Envelope
 from guardian.analysis.leak_rule import LeakParams, LeakReport, Step, judge
 from guardian.analysis.model_load import Load
@@ -181,6 +186,7 @@ class LeakDetector:
         self._periodic_seen = -math.inf  # the newest reading ``_periodic_step`` has looked at
         self._unproven: list[_Unproven] = []
         self._crept_at = -math.inf  # when the floor last rose by a creep
+        self._unfold = Unfolder()  # a tooth sampled slower than it repeats, taken off the readings
 
     # -- what the caller knows ------------------------------------------------------------
 
@@ -215,6 +221,11 @@ class LeakDetector:
             return self._report(t)
         p = self.p
         self._updates += 1
+        if self._loading is None and self._dt >= p.unfold_interval_seconds:
+            folded = self._unfold.fold is not None
+            value = self._unfold.correct(t, value, self._season is not None)
+            if folded != (self._unfold.fold is not None):
+                self._refold()
         last = self._last
         if last is not None:
             self._dts.append(t - last[0])
@@ -263,6 +274,46 @@ class LeakDetector:
             return self._report(t, warming_up=self._loading is not None)
         return self._track(t, value)
 
+    def _refold(self) -> None:
+        """A tooth was found, or lost: the readings kept are read again with it taken off (or left on), so
+        that the floor does not move by the change (a floor of readings with the tooth is higher) and their
+        jitter and period are read again."""
+        if len(self._raw) < 3:
+            return
+        t = self._raw[-1][0]
+        window = self._window(t)
+        was = self._floor(t, window)
+        history = self._unfold.history()
+        self._raw = deque((s, history.get(s, v)) for s, v in self._raw)
+        self._env = Envelope()
+        keep = self.p.max_envelope_seconds * 2 + self.p.hold_seconds
+        self._env.push(self._raw[0][0], self._raw[0][1], keep)
+        self._env.push(self._raw[1][0], self._raw[1][1], keep)
+        for (_, a), (_, b), (s, v) in zip(self._raw, itertools.islice(self._raw, 1, None), itertools.islice(self._raw, 2, None)):
+            self._env.push(s, sorted((a, b, v))[1], keep)
+        self._prev2 = (self._raw[-2][1], self._raw[-1][1])
+        self._last = self._raw[-1]
+        self._noise.diffs.clear()
+        self._noise.diffs.extend(abs(b - a) for (_, a), (_, b) in itertools.pairwise(self._raw))
+        self._season = None
+        # and the time they spent off their floor was the tooth's: the background's period is read again
+        self._gaps.clear()
+        self._excursions.reset()
+        self._last_excursion, self._last_stepped = None, False
+        # the floor of readings with the tooth on stood above the level by part of it: all that was measured
+        # from that floor moves with it
+        shift = self._floor(t, window) - was
+        if self._level is not None:
+            self._level += shift
+        if self._base is not None:
+            self._base += shift
+        if self._candidate is not None:
+            self._candidate.plateau += shift
+        moved = {id(s): replace(s, before=s.before + shift) for s in self._steps if s.given_back_at is None}
+        self._steps = [moved.get(id(s), s) for s in self._steps]
+        for u in self._unproven:
+            u.step = moved.get(id(u.step), u.step)
+
     # -- the load ---------------------------------------------------------------------------
 
     def _begin_load(self, t: float) -> None:
@@ -275,6 +326,7 @@ class LeakDetector:
         self._excursions.reset()
         self._last_excursion, self._last_stepped = None, False
         self._season = None  # the last life's
+        self._unfold.reset()
 
     def _flush(self, t: float) -> None:
         """The series ends here (a restart, a gap): steps still in their hold count if the readings
@@ -749,7 +801,10 @@ class LeakDetector:
                 self._ended.append(self._steps[i])
 
     def _k(self) -> float:
-        return self._noise.k(self.p.min_step_ratio * self.budget / 2, self.p.noise_factor)
+        k = self._noise.k(self.p.min_step_ratio * self.budget / 2, self.p.noise_factor)
+        fold = self._unfold.fold
+        # a tooth taken off is known to a few percent of its height: what it leaves is no step
+        return k if fold is None else max(k, 0.05 * fold.amplitude)
 
     # -- the report ---------------------------------------------------------------------------------
 

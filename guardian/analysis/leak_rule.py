@@ -28,6 +28,7 @@ class LeakParams:
     leak_window_seconds: float = 6 * 3600.0
     leak_rise_ratio: float = 0.05  # ...or the floor rising by this fraction of the budget
     regret_seconds: float = 1800.0  # a step given back this soon after it was found was a transient
+    unfold_interval_seconds: float = 20.0  # read this seldom, a tooth that folds is taken off the readings
 
 
 @dataclass(frozen=True)
