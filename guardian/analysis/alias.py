@@ -5,13 +5,14 @@ and come round only after half an hour, so the floor over any shorter window ris
 the tooth, and a 1% step hides in that (the floor dates it wherever the drift lifted it). Yet every
 reading is the level plus the tooth at its phase, and the phase is exact: a timer's tooth keeps its
 frequency. Sorted by the phase of the right frequency (any alias of it: only the phases at the sampling
-times matter), the readings are one tooth again; that frequency is the one that makes them smoothest in
-phase order (the string-length method of folding unevenly sampled series). The tooth's shape and height
+times matter), the readings are one tooth again; that frequency is the one that makes their differences
+smoothest in phase order (the string-length method of folding unevenly sampled series). The tooth's shape and height
 then come from the differences between readings, which a level moved by steps leaves alone (a step is
 one outlying difference, weighted out), and a reading less the tooth at its phase is the level a leak
 moves.
 
-Pure: arrays in, a ``Fold`` out, or None where the readings do not fold (no tooth, or one not regular).
+``fold`` is pure: arrays in, a ``Fold`` out, or None where the readings do not fold (no tooth, or one not
+regular). ``Unfolder`` keeps one life's readings and takes the tooth off each as it comes, time an argument.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ class Fold:
     shape: str
 
     def height(self, t: float, near: float | None = None) -> float:
-        """The tooth's height at ``t``; within a twentieth of a cycle of its wrap (where the phase is least
-        sure), of the two sides of the wrap the one nearer ``near``."""
+        """The tooth's height at ``t``; within 0.15 of a cycle of its wrap (where a phase a little off puts a
+        reading on the wrong side), of the two sides of the wrap the one nearer ``near``."""
         phase = (t - self.t0) * self.nu % 1.0
         h = self.amplitude * float(_tooth(np.asarray(phase), self.shape))
         if near is not None and self.shape != "triangle" and min(phase, 1.0 - phase) < 0.15:
