@@ -327,6 +327,16 @@ def test_steps_under_a_tooth_that_alternates_and_drifts_are_each_found_at_their_
     _assert_dated_at_its_step(tmp_path, log, 4, at, 61)
 
 
+@pytest.mark.parametrize(("seed", "gpu", "at"), [(69, 0, 1772608945), (1069, 4, 1772579830)])
+def test_a_tooth_refitted_moves_no_reading_by_its_new_phase(tmp_path: Path, seed: int, gpu: int, at: float) -> None:
+    """A 72 s (78 s) tooth, 4.5% of the card, read every 60 s and taken off the readings; 5% steps. A refit
+    placed the tooth's phase a little differently, and every reading from then on moved by 0.5-0.9% of the card
+    against those before it: a step, four minutes before the real one. The readings kept are read again with
+    each refit, as with a tooth found."""
+    log = smi_logs.generate(seed, 60, "fast-sawtooth", 0.05)  # a seeded log of the benchmark's tuned-on set
+    _assert_dated_at_its_step(tmp_path, log, gpu, at, 61)
+
+
 def test_a_floor_that_rose_in_stages_is_one_step_dated_where_most_of_it_rose(tmp_path: Path) -> None:
     """A 16 s tooth read every 60 s after a restart: its aliased troughs drifted up 0.8% and the floor confirmed
     that as a small step, dated at a tooth's top three readings before a 5.9% step; the step, found a window

@@ -89,8 +89,8 @@ class Unfolder:
             # found nothing (readings that repeat, but not as a tooth)
             self._wait = self.every if found == (self.fold is not None) else min(2 * self._wait, 8 * self.every)
             self._due = self._wait
-            if found and self.fold is not None:  # the side of each wrap is read on from the oldest reading kept
-                return self.history()[t]
+            # read again as the tooth is known now, the side of each wrap from the oldest reading kept on
+            return self.history()[t]
         return self._take_off(t, value)
 
     def history(self) -> dict[float, float]:

@@ -222,10 +222,10 @@ class LeakDetector:
         p = self.p
         self._updates += 1
         if self._loading is None and self._dt >= p.unfold_interval_seconds:
-            folded = self._unfold.fold is not None
+            was = self._unfold.fold
             value = self._unfold.correct(t, value, self._season is not None)
-            if folded != (self._unfold.fold is not None):
-                self._refold()
+            if self._unfold.fold is not was:
+                self._refold(anew=(was is None) != (self._unfold.fold is None))
         last = self._last
         if last is not None:
             self._dts.append(t - last[0])
@@ -274,10 +274,11 @@ class LeakDetector:
             return self._report(t, warming_up=self._loading is not None)
         return self._track(t, value)
 
-    def _refold(self) -> None:
-        """A tooth was found, or lost: the readings kept are read again with it taken off (or left on), so
-        that the floor does not move by the change (a floor of readings with the tooth is higher) and their
-        jitter and period are read again."""
+    def _refold(self, anew: bool) -> None:
+        """A tooth was found, refitted or lost: the readings kept are read again with it taken off as it is
+        known now (or left on), so that the floor does not move by the change (a floor of readings with the
+        tooth is higher; a refit's phase a little off moves every reading by part of the tooth); found or lost
+        (``anew``), their jitter and period are read again too."""
         if len(self._raw) < 3:
             return
         t = self._raw[-1][0]
@@ -293,13 +294,14 @@ class LeakDetector:
             self._env.push(s, sorted((a, b, v))[1], keep)
         self._prev2 = (self._raw[-2][1], self._raw[-1][1])
         self._last = self._raw[-1]
-        self._noise.diffs.clear()
-        self._noise.diffs.extend(abs(b - a) for (_, a), (_, b) in itertools.pairwise(self._raw))
-        self._season = None
-        # and the time they spent off their floor was the tooth's: the background's period is read again
-        self._gaps.clear()
-        self._excursions.reset()
-        self._last_excursion, self._last_stepped = None, False
+        if anew:
+            self._noise.diffs.clear()
+            self._noise.diffs.extend(abs(b - a) for (_, a), (_, b) in itertools.pairwise(self._raw))
+            self._season = None
+            # and the time they spent off their floor was the tooth's: the background's period is read again
+            self._gaps.clear()
+            self._excursions.reset()
+            self._last_excursion, self._last_stepped = None, False
         # the floor of readings with the tooth on stood above the level by part of it: all that was measured
         # from that floor moves with it
         shift = self._floor(t, window) - was
