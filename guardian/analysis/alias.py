@@ -61,6 +61,8 @@ class Unfolder:
         self._due = size
         self._wait = every
         self._last: float | None = None
+        # the readings kept, read again as the tooth is known now, where the newest reading changed it; else None
+        self.read_again: dict[float, float] | None = None
 
     def reset(self) -> None:
         """A new life of the process: its tooth starts at a new phase (found on fewer readings, where the
@@ -77,27 +79,27 @@ class Unfolder:
         self._times.append(t)
         self._values.append(value)
         self._due -= 1
+        self.read_again = None
         if self._due <= 0 and (repeats or self.fold is not None or self._known is not None):
-            found = self.fold is None
+            was = self.fold
+            anew = was is None
             # a tooth is looked for on the newest readings, and refitted on all of them since the process
             # started: a frequency is only as exact as the time it is measured over
-            n = min(self.size, len(self._values)) if found else len(self._values)
+            n = min(self.size, len(self._values)) if anew else len(self._values)
             times = np.fromiter(itertools.islice(self._times, len(self._times) - n, None), float)
             values = np.fromiter(itertools.islice(self._values, len(self._values) - n, None), float)
-            self.fold = fold(times, values, self.fold or self._known, phased=not found)
+            self.fold = fold(times, values, was or self._known, phased=not anew)
             # each refit waits longer (the frequency is known better each time), as does each search that
             # found nothing (readings that repeat, but not as a tooth)
-            self._wait = self.every if found == (self.fold is not None) else min(2 * self._wait, 8 * self.every)
+            self._wait = self.every if anew == (self.fold is not None) else min(2 * self._wait, 8 * self.every)
             self._due = self._wait
-            # read again as the tooth is known now, the side of each wrap from the oldest reading kept on
-            return self.history()[t]
+            if self.fold is not was:
+                # a tooth found, refitted or lost changes what the readings before it were, not only what comes:
+                # all are read again, the side of each wrap from the oldest reading kept on
+                self._last = None
+                self.read_again = {s: self._take_off(s, v) for s, v in zip(self._times, self._values)}
+                return self.read_again[t]
         return self._take_off(t, value)
-
-    def history(self) -> dict[float, float]:
-        """The readings kept, by time, with the tooth taken off as it is known now: a tooth found (or lost)
-        changes what the readings before it were, not only what comes."""
-        self._last = None
-        return {t: self._take_off(t, v) for t, v in zip(self._times, self._values)}
 
     def _take_off(self, t: float, value: float) -> float:
         if self.fold is None:

@@ -224,8 +224,8 @@ class LeakDetector:
         if self._loading is None and self._dt >= p.unfold_interval_seconds:
             was = self._unfold.fold
             value = self._unfold.correct(t, value, self._season is not None)
-            if self._unfold.fold is not was:
-                self._refold(anew=(was is None) != (self._unfold.fold is None))
+            if self._unfold.read_again is not None:
+                self._refold(self._unfold.read_again, anew=(was is None) != (self._unfold.fold is None))
         last = self._last
         if last is not None:
             self._dts.append(t - last[0])
@@ -250,15 +250,10 @@ class LeakDetector:
                 self._jump = None
                 if min(v for s, v in self._raw if s >= at) > before + 0.5 * p.load_jump_ratio * self.budget:
                     self._reload(at)
-        keep = p.max_envelope_seconds * 2 + p.hold_seconds
         self._raw.append((t, value))
-        while self._raw[0][0] < t - keep:
+        while self._raw[0][0] < t - self._keep():
             self._raw.popleft()
-        # the floor of the median of three: one low reading (a sampling glitch, a noise
-        # outlier) would otherwise hold the floor down for a whole window
-        a, b = self._prev2
-        self._prev2 = (b, value)
-        self._env.push(t, sorted((a, b, value))[1] if a is not None and b is not None else value, keep)
+        self._push_floor(t, value)
         if self._updates % 32 == 1:
             self._noise.estimate(reversed(self._raw))
         if self._updates - self._season_at >= min(300, max(32, 1800 / self._dt)):
@@ -274,9 +269,9 @@ class LeakDetector:
             return self._report(t, warming_up=self._loading is not None)
         return self._track(t, value)
 
-    def _refold(self, anew: bool) -> None:
-        """A tooth was found, refitted or lost: the readings kept are read again with it taken off as it is
-        known now (or left on), so that the floor does not move by the change (a floor of readings with the
+    def _refold(self, history: dict[float, float], anew: bool) -> None:
+        """A tooth was found, refitted or lost: the readings kept are read again (``history``) with it taken off
+        as it is known now (or left on), so that the floor does not move by the change (a floor of readings with the
         tooth is higher; a refit's phase a little off moves every reading by part of the tooth); found or lost
         (``anew``), their jitter and period are read again too."""
         if len(self._raw) < 3:
@@ -284,15 +279,10 @@ class LeakDetector:
         t = self._raw[-1][0]
         window = self._window(t)
         was = self._floor(t, window)
-        history = self._unfold.history()
         self._raw = deque((s, history.get(s, v)) for s, v in self._raw)
-        self._env = Envelope()
-        keep = self.p.max_envelope_seconds * 2 + self.p.hold_seconds
-        self._env.push(self._raw[0][0], self._raw[0][1], keep)
-        self._env.push(self._raw[1][0], self._raw[1][1], keep)
-        for (_, a), (_, b), (s, v) in zip(self._raw, itertools.islice(self._raw, 1, None), itertools.islice(self._raw, 2, None)):
-            self._env.push(s, sorted((a, b, v))[1], keep)
-        self._prev2 = (self._raw[-2][1], self._raw[-1][1])
+        self._env, self._prev2 = Envelope(), (None, None)
+        for s, v in self._raw:
+            self._push_floor(s, v)
         self._last = self._raw[-1]
         if anew:
             self._noise.diffs.clear()
@@ -391,6 +381,17 @@ class LeakDetector:
             gaps.popleft()
         longest = gaps[0][1] if gaps else 0.0
         return min(p.max_envelope_seconds, max(p.envelope_seconds, 1.5 * longest, 4 * self._dt))
+
+    def _keep(self) -> float:
+        """How long readings are kept: two of the longest windows and a hold."""
+        return self.p.max_envelope_seconds * 2 + self.p.hold_seconds
+
+    def _push_floor(self, t: float, value: float) -> None:
+        """The floor takes the median of three readings: one low reading (a sampling glitch, a noise outlier)
+        would otherwise hold it down for a whole window."""
+        a, b = self._prev2
+        self._prev2 = (b, value)
+        self._env.push(t, sorted((a, b, value))[1] if a is not None and b is not None else value, self._keep())
 
     def _floor(self, t: float, window: float) -> float:
         """The lowest of the medians of three over the window, since the load (its readings are no floor)."""
