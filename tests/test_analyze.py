@@ -337,6 +337,22 @@ def test_a_tooth_refitted_moves_no_reading_by_its_new_phase(tmp_path: Path, seed
     _assert_dated_at_its_step(tmp_path, log, gpu, at, 61)
 
 
+@pytest.mark.parametrize(
+    ("seed", "gpu", "at"),
+    [(68, 5, 1772469465), (69, 4, 1772508970), (66, 2, 1772573010), (1069, 7, 1772884564), (1069, 1, 1772948102)],
+)
+def test_a_step_soon_after_a_restart_waits_for_the_tooth_found_again(
+    tmp_path: Path, seed: int, gpu: int, at: float
+) -> None:
+    """A 9-81 s tooth read every 60 s and taken off the readings; the engine restarts, and its new life's tooth
+    has a new phase. Until it was found again (20 readings), the floor of readings still carrying it confirmed
+    0.4-0.7% steps of the tooth's just before a real one, or dated the real one two minutes early; and the level
+    the load left, read with the tooth on, stood under the floor by part of it (a 0.5% step 80 s before a 5%
+    one). Steps wait for the tooth, and the level is read again without it."""
+    log = smi_logs.generate(seed, 60, "fast-sawtooth", smi_logs.STEP_RATIOS[seed % 5])  # the benchmark's tuned-on set
+    _assert_dated_at_its_step(tmp_path, log, gpu, at, 61)
+
+
 def test_a_floor_that_rose_in_stages_is_one_step_dated_where_most_of_it_rose(tmp_path: Path) -> None:
     """A 16 s tooth read every 60 s after a restart: its aliased troughs drifted up 0.8% and the floor confirmed
     that as a small step, dated at a tooth's top three readings before a 5.9% step; the step, found a window

@@ -60,6 +60,7 @@ class Unfolder:
         self._values: deque[float] = deque(maxlen=keep)
         self._due = size
         self._wait = every
+        self._tried = False  # this life's tooth was looked for
         self._last: float | None = None
         # the readings kept, read again as the tooth is known now, where the newest reading changed it; else None
         self.read_again: dict[float, float] | None = None
@@ -68,10 +69,16 @@ class Unfolder:
         """A new life of the process: its tooth starts at a new phase (found on fewer readings, where the
         last life had one: only the phase is new)."""
         self._known = self.fold or self._known
-        self.fold, self._last, self._wait = None, None, self.every
+        self.fold, self._last, self._wait, self._tried = None, None, self.every, False
         self._due = self.size if self._known is None else self.size // 3
         self._times.clear()
         self._values.clear()
+
+    @property
+    def refinding(self) -> bool:
+        """A tooth the last life had is not yet looked for in this one: until it is, the readings still carry it at
+        a phase no one knows (a step read from them is dated by where the tooth happened to be)."""
+        return self._known is not None and not self._tried
 
     def correct(self, t: float, value: float, repeats: bool) -> float:
         """``value`` less the tooth at ``t``; ``repeats``: the readings were seen to repeat (only then is a
@@ -83,6 +90,7 @@ class Unfolder:
         if self._due <= 0 and (repeats or self.fold is not None or self._known is not None):
             was = self.fold
             anew = was is None
+            self._tried = True
             # a tooth is looked for on the newest readings, and refitted on all of them since the process
             # started: a frequency is only as exact as the time it is measured over
             n = min(self.size, len(self._values)) if anew else len(self._values)

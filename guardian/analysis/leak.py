@@ -222,10 +222,12 @@ class LeakDetector:
         p = self.p
         self._updates += 1
         if self._loading is None and self._dt >= p.unfold_interval_seconds:
-            was = self._unfold.fold
+            was, refinding = self._unfold.fold, self._unfold.refinding
             value = self._unfold.correct(t, value, self._season is not None)
             if self._unfold.read_again is not None:
                 self._refold(self._unfold.read_again, anew=(was is None) != (self._unfold.fold is None))
+            if refinding and not self._unfold.refinding:
+                self._relevel()
         last = self._last
         if last is not None:
             self._dts.append(t - last[0])
@@ -267,6 +269,11 @@ class LeakDetector:
             if self._loading.over(t, value, self._k(), self.budget, p.settle_seconds, p.envelope_seconds, p.warmup_seconds):
                 self._end_load(t)
             return self._report(t, warming_up=self._loading is not None)
+        if self._dt >= p.unfold_interval_seconds and self._unfold.refinding:
+            # after a restart no step is looked for until the last life's tooth is looked for again (20 readings): the
+            # readings carry it at a phase no one knows yet. Found, it is taken off the readings kept (``_refold``) and
+            # the level (``_relevel``), and a step among them is found on readings without it
+            return self._report(t)
         return self._track(t, value)
 
     def _refold(self, history: dict[float, float], anew: bool) -> None:
@@ -305,6 +312,20 @@ class LeakDetector:
         self._steps = [moved.get(id(s), s) for s in self._steps]
         for u in self._unproven:
             u.step = moved.get(id(u.step), u.step)
+
+    def _relevel(self) -> None:
+        """The tooth was looked for again after a restart: the level the load left is read again, as the floor of the
+        readings since the load as they are now (it was read with the tooth on them, at a phase no one knew), and the
+        base with it if the load set it."""
+        assert self._level is not None
+        start = self._loaded_at
+        first = [v for s, v in self._raw if start <= s <= start + self._window(start)]
+        if len(first) < 3:
+            return
+        level = min(sorted(three)[1] for three in zip(first, first[1:], first[2:]))
+        if self._base == self._level:
+            self._base = level
+        self._level = level
 
     # -- the load ---------------------------------------------------------------------------
 
