@@ -16,7 +16,10 @@ Scoring, per GPU:
   itself took back as a transient) matches the latest true step at or
   before it (one sample of slack) when it is at most ``max(10 min, 10
   samples, the background's period + 5 min)`` late; a second report of the
-  same step is a split; a report before any step it could match is early;
+  same step is a split; a report before any step it could match is early
+  (within ``late`` before a true step), and of those, one whose next true
+  step no report matched is that step's only report, dated before it (the
+  rest are false reports just before a step reported in time);
 - recall over true steps, precision over reported steps (those ≥ 0.75% of
   the card for the ≥ 1% figures);
 - size error |reported − true| / true and time error reported − true on matches;
@@ -64,6 +67,7 @@ class Score:
     correct: int = 0
     split: int = 0
     early: int = 0
+    early_alone: int = 0  # early reports that are the only report of the step after them
     size_errors: list[float] = field(default_factory=list)
     time_errors: list[float] = field(default_factory=list)
     gpus: int = 0
@@ -121,6 +125,7 @@ def _score_steps(
     true = sorted((s for s in truth.steps if not any(a <= s.t <= b for a, b in gaps)), key=lambda s: s.t)
     reported = sorted(v.found, key=lambda s: s.t)
     matched: set[int] = set()
+    before: list[tuple[int, tuple[Score, ...]]] = []  # early reports: the true step after them, their cells
     big_size = 0.79 * BIG * truth.total  # the 1% class drawn at ±25%: 0.8–1.25%
     every.true_steps += len(true)
     big.true_steps += sum(1 for s in true if s.size >= big_size)
@@ -131,8 +136,9 @@ def _score_steps(
         for cell in cells:
             cell.reported += 1
         if j is None or step.t - true[j].t > late:
-            after = [s for s in true if s.t > step.t + interval]
-            if after and after[0].t - step.t <= late:
+            after = [i for i, s in enumerate(true) if s.t > step.t + interval]
+            if after and true[after[0]].t - step.t <= late:
+                before.append((after[0], cells))
                 for cell in cells:
                     cell.early += 1
             continue
@@ -150,6 +156,9 @@ def _score_steps(
             cell.time_errors.append(err_time)
         for cell in cells:
             cell.correct += 1
+    for j, cells in before:
+        for cell in cells:
+            cell.early_alone += j not in matched
 
 
 def pct(a: int, b: int) -> str:
@@ -227,7 +236,7 @@ def main() -> int:
           f"≥ 1%: recall {pct(b.found, b.true_steps)}, precision {pct(b.correct, b.reported)}")  # fmt: skip
     print(f"size error (≥ 1%): median {median(b.size_errors):.1%}, p95 {p95(b.size_errors):.1%}")
     print(f"time error (≥ 1%): median {median(b.time_errors):.0f} s, p95 {p95(b.time_errors):.0f} s; "
-          f"early reports {a.early}, split steps {a.split}")  # fmt: skip
+          f"early reports {a.early} ({a.early_alone} the only report of their step), split steps {a.split}")  # fmt: skip
     print(f"verdicts: {pct(a.verdicts_right, a.gpus)} right over {a.gpus} GPUs; false leak verdicts "
           f"{a.false_verdicts / weeks:.2f} per GPU-week; daemon-mode false episodes {a.live_false / weeks:.2f} "
           f"per GPU-week ({weeks:.1f} leak-free GPU-weeks)")  # fmt: skip
