@@ -156,8 +156,8 @@ def _score_steps(
             cell.time_errors.append(err_time)
         for cell in cells:
             cell.correct += 1
-    for j, cells in before:
-        for cell in cells:
+    for j, early_cells in before:
+        for cell in early_cells:
             cell.early_alone += j not in matched
 
 
