@@ -554,7 +554,9 @@ class LeakDetector:
     def _spike_fell(self, t: float, fall: float, tau: float) -> None:
         """A fall of the newest step's size (within noise) and no pending jump's, with the readings still up by a
         jump since the step: the step was a spike the floor took for one (it outlasted a window and a hold), and
-        the jump inside it is the step. The step takes that jump's date and size."""
+        the jump inside it is the step. The step takes that jump's date and size. With no jump inside it and the
+        readings back where it rose from, the step was the spike alone, and is given back: one reading says so (the
+        floor's median of three hides it, and a step taken as the spike falls again kept the spike's date)."""
         if not self._steps:
             return
         step = self._steps[-1]
@@ -569,6 +571,10 @@ class LeakDetector:
             # the readings fell to where that jump alone lifts them from the step's floor
             if abs(self._raw[-1][1] - step.before - rise) <= max(3 * self._noise.sigma, 0.25 * rise):
                 self._steps[-1] = replace(step, t=when, size=rise)
+        elif abs(self._raw[-1][1] - step.before) <= max(3 * self._noise.sigma, 0.25 * step.size):
+            self._steps[-1] = replace(step, given_back_at=t, ended_by="transient")
+            self._ended.append(self._steps[-1])
+            self._level, self._candidate, self._quiet_since = step.before, None, t
 
     def _periodic_step(self, t: float, window: float) -> tuple[Step, ...]:
         """A period of readings each above the one a period before them, that held two periods (and a
