@@ -542,6 +542,11 @@ class LeakDetector:
         seasonal = self._period_date(when, rise, window)
         if seasonal is not None and abs(seasonal - when) > 1.5 * self._dt:
             return ()  # a tooth's wrap held up by a step the period places elsewhere: the floor will tell
+        last = self._steps[-1] if self._steps else None
+        if last is not None and last.given_back_at is None and when - window <= last.t < when and last.size < 0.5 * rise:
+            # the floor rose by a fraction of the jump within a window before it: the background's creep, not a step
+            self._steps[-1] = replace(last, given_back_at=t, ended_by="transient")
+            self._ended.append(self._steps[-1])
         step = Step(t=when, size=rise, found_at=t, before=self._level)
         # the floor has had a window since the jump: it is the level now, if the rise (less the background's) fell short
         self._level = max(self._level + rise, self._floor(t, window))
