@@ -543,8 +543,10 @@ class LeakDetector:
         if seasonal is not None and abs(seasonal - when) > 1.5 * self._dt:
             return ()  # a tooth's wrap held up by a step the period places elsewhere: the floor will tell
         last = self._steps[-1] if self._steps else None
-        if last is not None and last.given_back_at is None and when - window <= last.t < when and last.size < 0.5 * rise:
-            # the floor rose by a fraction of the jump within a window before it: the background's creep, not a step
+        if (last is not None and last.given_back_at is None and last.t < when and last.found_at >= when - window
+                and last.size < 0.5 * rise):
+            # the floor rose by under half the jump, seen within a window before it: the readings' drift into the jump
+            # (a ramp's creep, a tooth's), not a step of its own
             self._steps[-1] = replace(last, given_back_at=t, ended_by="transient")
             self._ended.append(self._steps[-1])
         step = Step(t=when, size=rise, found_at=t, before=self._level)
