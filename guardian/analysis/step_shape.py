@@ -67,7 +67,7 @@ def change_point(
     higher sits on an excursion the old readings may not have shown: a spike that
     held the step inside it) and, where the readings repeat themselves, the next
     one is above the top too (one alone may be noise: the top's margin is at most
-    half the step). Without such a reading, the first one on the new floor, in doubt:
+    half the step). Without such a reading, the first of two on the new level, in doubt:
     on a tooth aliased by slow sampling the new floor is often a reading from before
     the step, and the proof comes with the tooth's next high phase.
     Where the background has a period, the period dates it first (``seasonal_change``).
@@ -94,7 +94,14 @@ def change_point(
         proved = proof(raw, doubt)
         if proved is not None:
             return proved, None
-    return next((s for s, v in raw if s >= start and v <= new_floor + margin), start), doubt
+    # else erring late: the first of two readings in a row above halfway between the readings' middles either side,
+    # and not on a spike (the floor, a minimum, sits under the new readings' middle: a run above it less the margin
+    # can begin with old readings that noise lifted)
+    after = [(s, v) for s, v in raw if s >= start]
+    middle = median(v for _, v in after)
+    mid = (median(old) + middle) / 2 if old else new_floor - margin
+    on = [(s, mid <= v <= middle + size) for s, v in after]
+    return next((a[0] for a, b in pairwise(on) if a[1] and b[1]), start), doubt
 
 
 def proof(raw: Readings, doubt: Doubt) -> float | None:
