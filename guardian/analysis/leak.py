@@ -547,8 +547,7 @@ class LeakDetector:
                 and last.size < 0.5 * rise):
             # the floor rose by under half the jump, seen within a window before it: the readings' drift into the jump
             # (a ramp's creep, a tooth's), not a step of its own
-            self._steps[-1] = replace(last, given_back_at=t, ended_by="transient")
-            self._ended.append(self._steps[-1])
+            self._end(len(self._steps) - 1, t, "transient")
         step = Step(t=when, size=rise, found_at=t, before=self._level)
         # the floor has had a window since the jump: it is the level now, if the rise (less the background's) fell short
         self._level = max(self._level + rise, self._floor(t, window))
@@ -579,8 +578,7 @@ class LeakDetector:
             if abs(self._raw[-1][1] - step.before - rise) <= max(3 * self._noise.sigma, 0.25 * rise):
                 self._steps[-1] = replace(step, t=when, size=rise)
         elif abs(self._raw[-1][1] - step.before) <= max(3 * self._noise.sigma, 0.25 * step.size):
-            self._steps[-1] = replace(step, given_back_at=t, ended_by="transient")
-            self._ended.append(self._steps[-1])
+            self._end(len(self._steps) - 1, t, "transient")
             self._level, self._candidate, self._quiet_since = step.before, None, t
 
     def _periodic_step(self, t: float, window: float) -> tuple[Step, ...]:
@@ -796,8 +794,7 @@ class LeakDetector:
             # a step held until a gap in the log is no transient, however soon after the gap the floor fell
             fleeting = sank or t - step.found_at <= self.p.regret_seconds
             why = "transient" if fleeting and step.found_at >= self._loaded_at else "freed"
-            self._steps[i] = replace(step, given_back_at=t, ended_by=why)
-            self._ended.append(self._steps[i])
+            self._end(i, t, why)
         self._level = floor
         self._below_since = None
         if chosen:  # a floor that only sank to a trough accounts for no jump before it
@@ -834,8 +831,12 @@ class LeakDetector:
         """Give back the held steps, or those whose middle the floor ``under`` is below."""
         for i, step in enumerate(self._steps):
             if step.given_back_at is None and under <= step.before + step.size / 2:
-                self._steps[i] = replace(step, given_back_at=t, ended_by=why)
-                self._ended.append(self._steps[i])
+                self._end(i, t, why)
+
+    def _end(self, i: int, t: float, why: str) -> None:
+        """The step ``i`` is given back at ``t`` (``why``: restart, freed, transient), and reported so."""
+        self._steps[i] = replace(self._steps[i], given_back_at=t, ended_by=why)
+        self._ended.append(self._steps[i])
 
     def _k(self) -> float:
         k = self._noise.k(self.p.min_step_ratio * self.budget / 2, self.p.noise_factor)
