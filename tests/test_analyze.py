@@ -491,3 +491,24 @@ def test_a_small_step_on_a_slow_sawtooth_is_not_dated_by_one_noisy_reading_above
     _, found = _seeded_gpu(tmp_path, log, 1)
     assert not [f for f in found if step.t - 900 <= f < step.t]
     assert [f for f in found if step.t <= f <= step.t + truth.period + 300]
+
+
+def test_a_step_whose_jump_is_the_first_reading_looked_at_is_dated_by_its_jump_not_by_a_spike_after_it(
+    tmp_path: Path,
+) -> None:
+    """Read every 5 s: a 1.7% step, a 2.3% spike 14 minutes later, a 2.4% step inside it. The floor's search for
+    the step's jump began 2 s before it, at its first high reading, so it never saw the reading before the jump; the
+    spike's rise was taken for the step instead, 6 minutes before the second."""
+    log = smi_logs.generate(1053, 5, "spikes", 0.02)  # a seeded log of the benchmark's tuned-on set
+    _assert_dated_at_its_step(tmp_path, log, 1, 1772491036.9, 5)
+    _assert_dated_at_its_step(tmp_path, log, 1, 1772492221.1, 5)
+
+
+def test_a_slow_sawtooths_rise_as_the_load_ends_is_no_step(tmp_path: Path) -> None:
+    """Read every 5 s after a restart: the load ended on a 27-minute triangle tooth's trough and its rise. The level
+    was read from the trough, the floor only from readings after the load, higher: a 0.3% step dated inside the
+    load, ten minutes before a real step."""
+    log = smi_logs.generate(2044, 5, "slow-sawtooth", 0.05)  # a seeded log of the benchmark's tuned-on set
+    (restart,) = [r for r in log.gpus[1].restarts if 0 < 1772434728.7 - r < 1200]
+    _, found = _seeded_gpu(tmp_path, log, 1)
+    assert not [f for f in found if restart <= f < 1772434728]

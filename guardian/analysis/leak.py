@@ -680,6 +680,10 @@ class LeakDetector:
             when = found[0][0] if seasonal is None else seasonal
         else:
             when, doubt = change_point(self._raw, plateau, size, window, self._noise.sigma, self._season)
+            if when < self._loaded_at:
+                # dated inside the load: the level, read as the load ended, took in readings the floor since does not
+                # (a slow tooth's trough just before the load was seen to end, its rise after): the level is the floor
+                return ()
         size = step_size(self._raw, when, t, window, size) or size
         step = Step(t=when, size=size, found_at=t, before=level)
         last = self._steps[-1] if self._steps else None
@@ -761,7 +765,11 @@ class LeakDetector:
         from a window and a half before the floor left ``level`` (the floor lags the readings)."""
         low = next((s for s, v in reversed(self._trace) if v <= level + 0.25 * size), self._trace[0][0])
         since = self._since_last_step(low - 1.5 * window)  # not the last step's own jump
-        raw = [(s, v) for s, v in self._raw if s >= since]
+        # from the reading before (since the load): a jump into the first reading is a jump since
+        i = next((i for i in reversed(range(len(self._raw))) if self._raw[i][0] < since), -1)
+        if i >= 0 and self._raw[i][0] < self._loaded_at:
+            i += 1
+        raw = list(itertools.islice(self._raw, max(i, 0), None))
         return jumps(raw, level, size, self._noise.jump_threshold(self._k()))
 
     def _abrupt(self, window: float) -> float:
