@@ -443,6 +443,17 @@ def test_a_step_that_a_restart_cut_short_is_dated_by_its_jump_not_by_a_tooths_wr
     _assert_dated_at_its_step(tmp_path, log, 3, 1772659605, 61)
 
 
+def test_a_step_that_a_restart_cut_short_is_dated_by_its_jump_not_by_the_wrap_a_reading_off_a_whole_period(
+    tmp_path: Path,
+) -> None:
+    """A 63.3 s tooth read every 60 s wraps every 19.2 readings: read 20 readings apart, a wrap is compared with the
+    reading just before the wrap before it, and showed as a jump no wrap explains. A 1.7% step 3.5 readings after
+    it, cut short by a restart 37 minutes later, was dated at the wrap."""
+    log = smi_logs.generate(68, 60, "fast-sawtooth", 0.02)  # a seeded log of the benchmark's tuned-on set
+    assert [r for r in log.gpus[3].restarts if 0 < r - 1772446975.7 < 2400]
+    _assert_dated_at_its_step(tmp_path, log, 3, 1772446975.7, 61)
+
+
 def test_a_step_inside_a_spike_that_a_restart_cut_short_is_counted_once_from_its_own_jump(tmp_path: Path) -> None:
     """Read every 5 s: a 1.1% spike, a 2.3% step 55 s into it, the spike's fall 15 s later, the engine's restart
     15 minutes on, the step still in its hold. The spike's fall left the readings above where it rose from (the

@@ -743,7 +743,9 @@ class LeakDetector:
         assert self._season is not None
         raw, lag = self._raw, self._season.lag
         i = next((i for i in range(len(raw) - 1, -1, -1) if raw[i][0] < t), -1) + 1
-        return lag <= i < len(raw) and raw[i][1] - raw[i - lag][1] > 0.5 * size
+        # a ramp that wraps, read at a lag that is no whole period: the wrap before may be a reading either side
+        near = (0,) if self._season.repeats else (-1, 0, 1)
+        return lag - near[0] <= i < len(raw) and all(raw[i][1] - raw[i - lag + d][1] > 0.5 * size for d in near)
 
     def _held_near(self, t: float, within: float) -> bool:
         """One of the newest held steps is dated within ``within`` of ``t``: a step found already."""
