@@ -523,3 +523,12 @@ def test_a_slow_sawtooths_rise_as_the_load_ends_is_no_step(tmp_path: Path) -> No
     (restart,) = [r for r in log.gpus[1].restarts if 0 < 1772434728.7 - r < 1200]
     _, found = _seeded_gpu(tmp_path, log, 1)
     assert not [f for f in found if restart <= f < 1772434728]
+
+
+def test_a_small_step_inside_a_spike_is_dated_after_the_spike_not_by_a_taller_spike_before_it(tmp_path: Path) -> None:
+    """Read every 5 s: a 7.4% spike for 3.5 minutes, then a 2.7% spike with a 0.25% step inside it. No reading
+    proves the step (the old readings' top was the tall spike), and halfway to the new readings was taken from the
+    old readings' middle, which the tall spike held up: no reading reached it, and the step was dated at the last
+    reading before the second spike, 34 s early. The first two readings on the new level after it date it."""
+    log = smi_logs.generate(2050, 5, "spikes", 0.003)  # a seeded log of the benchmark's tuned-on set
+    _assert_dated_at_its_step(tmp_path, log, 0, 1772428568.98, 30)

@@ -679,11 +679,11 @@ class LeakDetector:
             seasonal = self._period_date(found[0][0], size, window)
             when = found[0][0] if seasonal is None else seasonal
         else:
-            when, doubt = change_point(self._raw, plateau, size, window, self._noise.sigma, self._season)
-            if when < self._loaded_at:
-                # dated inside the load: the level, read as the load ended, took in readings the floor since does not
-                # (a slow tooth's trough just before the load was seen to end, its rise after): the level is the floor
+            if min(v for s, v in self._raw if s >= self._loaded_at) >= level + size / 2:
+                # no reading since the load was down at the level: it was read from readings before the load was seen
+                # to end, which the floor since does not take in (a slow tooth's trough, and its rise after)
                 return ()
+            when, doubt = change_point(self._raw, plateau, size, window, self._noise.sigma, self._season)
         size = step_size(self._raw, when, t, window, size) or size
         step = Step(t=when, size=size, found_at=t, before=level)
         last = self._steps[-1] if self._steps else None

@@ -99,7 +99,8 @@ def change_point(
     # can begin with old readings that noise lifted)
     after = [(s, v) for s, v in raw if s >= start]
     middle = median(v for _, v in after)
-    mid = (median(old) + middle) / 2 if old else new_floor - margin
+    below = [v for v in old if v <= middle + size]  # the old readings' middle, not a spike's they caught
+    mid = (median(below) + middle) / 2 if below else new_floor - margin
     on = [(s, mid <= v <= middle + size) for s, v in after]
     return next((a[0] for a, b in pairwise(on) if a[1] and b[1]), start), doubt
 
