@@ -679,7 +679,8 @@ class LeakDetector:
             seasonal = self._period_date(found[0][0], size, window)
             when = found[0][0] if seasonal is None else seasonal
         else:
-            if min(v for s, v in self._raw if s >= self._loaded_at) >= level + size / 2:
+            since_load = self._raw[0][0] <= self._loaded_at  # the load's end is among the readings kept
+            if since_load and min(v for s, v in self._raw if s >= self._loaded_at) >= level + size / 2:
                 # no reading since the load was down at the level: it was read from readings before the load was seen
                 # to end, which the floor since does not take in (a slow tooth's trough, and its rise after)
                 return ()
