@@ -97,7 +97,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from bisect import insort
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, replace
 from statistics import median
@@ -542,9 +542,8 @@ class LeakDetector:
         seasonal = self._period_date(when, rise, window)
         if seasonal is not None and abs(seasonal - when) > 1.5 * self._dt:
             return ()  # a tooth's wrap held up by a step the period places elsewhere: the floor will tell
-        last = self._steps[-1] if self._steps else None
-        if (last is not None and last.given_back_at is None and last.t < when and last.found_at >= when - window
-                and last.size < 0.5 * rise):
+        last = self._newest_held()
+        if last is not None and last.t < when and last.found_at >= when - window and last.size < 0.5 * rise:
             # the floor rose by under half the jump, seen within a window before it: the readings' drift into the jump
             # (a ramp's creep, a tooth's), not a step of its own
             self._end(len(self._steps) - 1, t, "transient")
@@ -563,10 +562,8 @@ class LeakDetector:
         the jump inside it is the step. The step takes that jump's date and size. With no jump inside it and the
         readings back where it rose from, the step was the spike alone, and is given back: one reading says so (the
         floor's median of three hides it, and a step taken as the spike falls again kept the spike's date)."""
-        if not self._steps:
-            return
-        step = self._steps[-1]
-        if step.given_back_at is not None or t - step.found_at > self.p.max_envelope_seconds:
+        step = self._newest_held()
+        if step is None or t - step.found_at > self.p.max_envelope_seconds:
             return
         if abs(step.size - fall) > 3 * self._noise.sigma:
             return
@@ -687,9 +684,8 @@ class LeakDetector:
             when, doubt = change_point(self._raw, plateau, size, window, self._noise.sigma, self._season)
         size = step_size(self._raw, when, t, window, size) or size
         step = Step(t=when, size=size, found_at=t, before=level)
-        last = self._steps[-1] if self._steps else None
-        recent = last is not None and last.given_back_at is None and t - last.found_at <= 2 * window
-        if last is not None and recent and (step.t - last.t < window / 2 or size < 0.5 * last.size):
+        last = self._newest_held()
+        if last is not None and t - last.found_at <= 2 * window and (step.t - last.t < window / 2 or size < 0.5 * last.size):
             # the floor of a sawtooth rises in stages as the old troughs leave the window: one step, dated where
             # most of it rose (a first stage smaller than the rest was the troughs' drift before it)
             step = replace(last, t=step.t if size > last.size else last.t, size=last.size + size, found_at=t)
@@ -743,10 +739,18 @@ class LeakDetector:
         tooth's wrap (which the wrap a period before explains)."""
         assert self._season is not None
         raw, lag = self._raw, self._season.lag
-        i = next((i for i in range(len(raw) - 1, -1, -1) if raw[i][0] < t), -1) + 1
+        i = self._first_at(t)
         # a ramp that wraps, read at a lag that is no whole period: the wrap before may be a reading either side
         near = (0,) if self._season.repeats else (-1, 0, 1)
         return lag - near[0] <= i < len(raw) and all(raw[i][1] - raw[i - lag + d][1] > 0.5 * size for d in near)
+
+    def _first_at(self, t: float) -> int:
+        """The index of the first reading kept at or after ``t`` (their number where none is)."""
+        return bisect_left(self._raw, t, key=lambda r: r[0])
+
+    def _newest_held(self) -> Step | None:
+        """The newest step, if it is still held."""
+        return self._steps[-1] if self._steps and self._steps[-1].given_back_at is None else None
 
     def _held_near(self, t: float, within: float) -> bool:
         """One of the newest held steps is dated within ``within`` of ``t``: a step found already."""
@@ -759,8 +763,9 @@ class LeakDetector:
 
     def _since_last_step(self, t: float) -> float:
         """``t``, or later: not before the load ended nor before the last step held."""
-        if self._steps and self._steps[-1].given_back_at is None:
-            t = max(t, self._steps[-1].t + self._dt / 2)
+        last = self._newest_held()
+        if last is not None:
+            t = max(t, last.t + self._dt / 2)
         return max(t, self._loaded_at)
 
     def _jumps(self, size: float, window: float, level: float) -> tuple[list[tuple[float, float]], bool]:
@@ -769,7 +774,7 @@ class LeakDetector:
         low = next((s for s, v in reversed(self._trace) if v <= level + 0.25 * size), self._trace[0][0])
         since = self._since_last_step(low - 1.5 * window)  # not the last step's own jump
         # from the reading before (since the load): a jump into the first reading is a jump since
-        i = next((i for i in reversed(range(len(self._raw))) if self._raw[i][0] < since), -1)
+        i = self._first_at(since) - 1
         if i >= 0 and self._raw[i][0] < self._loaded_at:
             i += 1
         raw = list(itertools.islice(self._raw, max(i, 0), None))
