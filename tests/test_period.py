@@ -1,8 +1,12 @@
-"""Troughs with hysteresis: a background's time off its floor, however high its floor has risen."""
+"""A background's period: troughs with hysteresis (its time off its floor, however high its floor has risen), and the
+lag in readings at which its readings repeat."""
 
 from __future__ import annotations
 
+import random
+
 from guardian.analysis.period import Excursions
+from guardian.analysis.step_shape import period_lag
 
 
 def _excursions(values: list[float], m: float) -> list[float]:
@@ -25,3 +29,23 @@ def test_steps_and_noise_inside_the_hysteresis_make_no_excursion() -> None:
 def test_a_spike_is_as_long_as_it_lasts() -> None:
     values = [10.0 if 1000 <= t % 3000 < 1120 else 0.0 for t in range(12000)]
     assert _excursions(values, 1.0) == [120.0, 120.0]  # a trough is known once the next rise leaves it
+
+
+def _aliased_ramp(seed: int) -> list[float]:
+    """A tooth read slower than it repeats: a ramp falling 0.05 a reading that wraps every 13.2 readings, 0.66 tall,
+    under noise of 0.1 a reading (the ramp is no steeper than the noise), with a step of 0.5 halfway."""
+    rng = random.Random(seed)
+    return [(-0.05 * i) % 0.66 + rng.gauss(0, 0.1) + (0.5 if i > 150 else 0.0) for i in range(300)]
+
+
+def test_a_ramp_that_wraps_shallower_than_its_noise_repeats_at_its_period() -> None:
+    lags = [season.lag if (season := period_lag(_aliased_ramp(seed))) else None for seed in range(10)]
+    assert lags.count(13) >= 6 and set(lags) <= {13, None}
+
+
+def test_noise_with_a_step_has_no_period_even_on_the_few_readings_after_a_load() -> None:
+    """Two hours at -l 60 (a period is fitted from 60 readings after a load): by chance a lag can read half as
+    noisy as half of it; only a ramp's drift makes a wrap of that size."""
+    rng = random.Random(7)
+    series = [[rng.gauss(0, 0.1) + (0.3 if i > 60 else 0.0) for i in range(123)] for _ in range(300)]
+    assert sum(period_lag(values) is not None for values in series) <= 2

@@ -244,7 +244,10 @@ def period_lag(values: Sequence[float]) -> Season | None:
         lag = 2
     drift = abs(median(b - a for a, b in pairwise(fit)))
     repeats = residual[lag] < 0.5 * residual[1]  # the best of a hundred lags of noise is not
-    ramp = drift >= 0.5 * residual[1] > 0  # an aliased tooth: a slow ramp that wraps
+    # an aliased tooth: a slow ramp that wraps (steeper than its noise, or read half a period apart, by half a
+    # tooth, that the ramp's drift over the period makes)
+    half = residual[max(1, lag // 2)]
+    ramp = drift >= 0.5 * residual[1] > 0 or residual[lag] < 0.25 * half <= drift * lag
     return Season(lag, residual[lag], repeats) if repeats or ramp else None
 
 
