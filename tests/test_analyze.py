@@ -553,3 +553,10 @@ def test_a_step_on_an_aliased_tooth_that_drifts_less_than_its_noise_per_reading_
     log = smi_logs.generate(100066, 60, "fast-sawtooth", 0.005)  # a seeded log of the benchmark's held-out set
     _assert_dated_at_its_step(tmp_path, log, 3, at, 120)
 
+
+def test_a_tooths_wrap_that_a_step_just_after_it_held_up_is_no_step_of_its_own(tmp_path: Path) -> None:
+    """Read every 60 s: a 63 s tooth, 1.9% tall, aliased to a ramp that wraps every 21 readings, and a 1% step 4
+    readings after a wrap. The readings never fell back below the wrap's jump, and the two jumps were taken for a
+    staircase: a 2% step at the wrap. The wrap a period before explains the wrap's jump: the step is the other."""
+    log = smi_logs.generate(2067, 60, "fast-sawtooth", 0.01)  # a seeded log of the benchmark's tuned-on set
+    _assert_dated_at_its_step(tmp_path, log, 5, 1772913719.32, 120)

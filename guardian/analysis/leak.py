@@ -744,6 +744,12 @@ class LeakDetector:
         near = (0,) if self._season.repeats else (-1, 0, 1)
         return lag - near[0] <= i < len(raw) and all(raw[i][1] - raw[i - lag + d][1] > 0.5 * size for d in near)
 
+    def _wrap(self, t: float, size: float) -> bool:
+        """The jump into the reading at ``t`` is a tooth's wrap: the period reaches back from it, and the wrap a
+        period before explains it."""
+        assert self._season is not None
+        return self._first_at(t) > self._season.lag and not self._shows(t, size)
+
     def _first_at(self, t: float) -> int:
         """The index of the first reading kept at or after ``t`` (their number where none is)."""
         return bisect_left(self._raw, t, key=lambda r: r[0])
@@ -778,7 +784,7 @@ class LeakDetector:
         if i >= 0 and self._raw[i][0] < self._loaded_at:
             i += 1
         raw = list(itertools.islice(self._raw, max(i, 0), None))
-        return jumps(raw, level, size, self._noise.jump_threshold(self._k()))
+        return jumps(raw, level, size, self._noise.jump_threshold(self._k()), self._wrap if self._season else None)
 
     def _abrupt(self, window: float) -> float:
         """How fast a step lifts the floor: within half a window (the last low readings of the

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from itertools import accumulate, pairwise
 from statistics import median
-from typing import Iterable, NamedTuple, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 Readings = Sequence[tuple[float, float]]
 
@@ -130,7 +130,9 @@ def moved_within(trace: Readings, level: float, plateau: float, seconds: float) 
     return high - low <= seconds
 
 
-def jumps(raw: Readings, level: float, size: float, tau: float) -> tuple[list[tuple[float, float]], bool]:
+def jumps(
+    raw: Readings, level: float, size: float, tau: float, wrap: Callable[[float, float], bool] | None = None
+) -> tuple[list[tuple[float, float]], bool]:
     """The rises between two readings that made a step of ``size`` over ``level``, (when, how much), and
     whether the readings are smooth enough that no such rise means a creep (not noise or a sawtooth
     faster than the sampling).
@@ -139,7 +141,8 @@ def jumps(raw: Readings, level: float, size: float, tau: float) -> tuple[list[tu
     readings and counts once; a fall like an earlier rise gives it back (a spike with a step inside
     it shows both of its jumps and the step's). Where they add up to more than the floor's rise,
     the oldest that make it up are the ones the floor shows yet; rises that do not add up to it
-    (a spike's among them) are not used; the sizes are scaled to the floor's.
+    (a spike's among them) are not used; the sizes are scaled to the floor's. A rise that ``wrap`` says
+    the background's period explains (a tooth's wrap, held up by a step just after it) is none.
     """
     found: list[tuple[float, float]] = []
     last, sign = -2, 0.0
@@ -156,7 +159,10 @@ def jumps(raw: Readings, level: float, size: float, tau: float) -> tuple[list[tu
         elif abs(move) > tau:
             found.append((raw[i][0], move))
             last, sign = i, (1.0 if move > 0 else -1.0)
-    found = held_rises(unmatched_rises(found), raw, level)
+    rises = unmatched_rises(found)
+    if wrap is not None:
+        rises = [(when, rise) for when, rise in rises if not wrap(when, rise)]
+    found = held_rises(rises, raw, level)
     visible = tau < 0.6 * size
     total = sum(r for _, r in found)
     if total > 1.5 * size:
