@@ -560,3 +560,12 @@ def test_a_tooths_wrap_that_a_step_just_after_it_held_up_is_no_step_of_its_own(t
     staircase: a 2% step at the wrap. The wrap a period before explains the wrap's jump: the step is the other."""
     log = smi_logs.generate(2067, 60, "fast-sawtooth", 0.01)  # a seeded log of the benchmark's tuned-on set
     _assert_dated_at_its_step(tmp_path, log, 5, 1772913719.32, 120)
+
+
+def test_the_old_top_that_proves_a_step_is_its_readings_not_a_spike_they_caught(tmp_path: Path) -> None:
+    """Read every 60 s: a 7.7% spike for three readings, then a 0.35% step six readings after it, in 0.1% noise. The
+    old readings' top was the spike's, so no reading could prove the step, and two noisy readings dated it 3.6
+    readings early. A spike's readings are far out above the old readings' quartiles, where a tooth's never are: the
+    top is the rest's, and the first reading above it dates the step."""
+    log = smi_logs.generate(80, 60, "spikes", 0.003)  # a seeded log of the benchmark's tuned-on set
+    _assert_dated_at_its_step(tmp_path, log, 2, 1772592831.02, 120)

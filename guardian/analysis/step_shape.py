@@ -87,10 +87,13 @@ def change_point(
     doubt = None
     if old:
         before = sorted(old)
-        # the top: above all but a few outliers (a spike the window caught), and at least as high as two of three
-        # readings in a row reached (a slow tooth's peak is a few readings: a percentile of them would sit under it)
-        held = max((sorted(three)[1] for three in zip(old, old[1:], old[2:])), default=before[-1])
-        doubt = Doubt(start, max(before[int(0.98 * (len(before) - 1))] + margin, held), size)
+        # the top: above all but a few outliers, and at least as high as two of three readings in a row reached (a slow
+        # tooth's peak is a few readings: a percentile of them would sit under it); of the readings' body, not of the
+        # spikes the window caught, however many (far out above their quartiles: a tooth's readings never are)
+        q1, q3 = before[len(before) // 4], before[3 * len(before) // 4]
+        body = [v for v in old if v <= q3 + 3 * (q3 - q1)]
+        held = max((sorted(three)[1] for three in zip(body, body[1:], body[2:])), default=body[-1])
+        doubt = Doubt(start, max(sorted(body)[int(0.98 * (len(body) - 1))] + margin, held), size)
         proved = proof(raw, doubt)
         if proved is not None:
             return proved, None
