@@ -40,7 +40,8 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    background that does not creep, leaves a real small step alone). ``k`` is half the smallest step
    of interest or ``noise_factor`` sigmas of the envelope's own jitter,
    whichever is larger. Steps closer than a window are told apart by their
-   jumps.
+   jumps (not a tooth's wrap that a step just after it held up: the wrap a
+   period before explains it).
    Sooner: a jump between two readings that holds for a window is a step
    at once (on a slow sawtooth a period before the floor shows it), unless
    jumps like it were given back lately (spikes, an aliased sawtooth) or

@@ -91,9 +91,11 @@ def change_point(
         # tooth's peak is a few readings: a percentile of them would sit under it); of the readings' body, not of the
         # spikes the window caught, however many (far out above their quartiles: a tooth's readings never are)
         q1, q3 = before[len(before) // 4], before[3 * len(before) // 4]
-        body = [v for v in old if v <= q3 + 3 * (q3 - q1)]
-        held = max((sorted(three)[1] for three in zip(body, body[1:], body[2:])), default=body[-1])
-        doubt = Doubt(start, max(sorted(body)[int(0.98 * (len(body) - 1))] + margin, held), size)
+        fence = q3 + 3 * (q3 - q1)
+        body = [v for v in old if v <= fence]
+        lower = [v for v in before if v <= fence]
+        held = max((sorted(three)[1] for three in zip(body, body[1:], body[2:])), default=lower[-1])
+        doubt = Doubt(start, max(lower[int(0.98 * (len(lower) - 1))] + margin, held), size)
         proved = proof(raw, doubt)
         if proved is not None:
             return proved, None
@@ -239,7 +241,9 @@ def period_lag(values: Sequence[float]) -> Season | None:
     every 60.1 s alternates, and repeats best 29 readings on, where its phase has come round). Two
     readings where they alternate and that is quieter still (a 24.2 s tooth read every 60.1 s: its
     phase comes round only 82 readings on, where steps every 20 readings spoil every difference).
-    Readings that do not move (a flat series, to the MiB) have no period.
+    Readings that do not move (a flat series, to the MiB) have no period. A slow ramp that wraps (a tooth
+    aliased by the sampling) has one however shallow, even under noise a reading larger than its drift: read
+    half a period apart its readings differ by half a tooth, as far as the drift over a period takes them.
     """
     fit = values[-300:]
     if len(fit) < 60:
