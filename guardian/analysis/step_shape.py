@@ -7,6 +7,7 @@ readings it sees, and lags them by a window).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from itertools import accumulate, pairwise
 from statistics import median
 from typing import Callable, Iterable, NamedTuple, Sequence
@@ -92,10 +93,10 @@ def change_point(
         # spikes the window caught, however many (far out above their quartiles: a tooth's readings never are)
         q1, q3 = before[len(before) // 4], before[3 * len(before) // 4]
         fence = q3 + 3 * (q3 - q1)
+        n = bisect_right(before, fence)  # the body: before[:n], sorted
         body = [v for v in old if v <= fence]
-        lower = [v for v in before if v <= fence]
-        held = max((sorted(three)[1] for three in zip(body, body[1:], body[2:])), default=lower[-1])
-        doubt = Doubt(start, max(lower[int(0.98 * (len(lower) - 1))] + margin, held), size)
+        held = max((sorted(three)[1] for three in zip(body, body[1:], body[2:])), default=before[n - 1])
+        doubt = Doubt(start, max(before[int(0.98 * (n - 1))] + margin, held), size)
         proved = proof(raw, doubt)
         if proved is not None:
             return proved, None
@@ -259,7 +260,7 @@ def period_lag(values: Sequence[float]) -> Season | None:
     repeats = residual[lag] < 0.5 * residual[1]  # the best of a hundred lags of noise is not
     # an aliased tooth: a slow ramp that wraps (steeper than its noise, or read half a period apart, by half a
     # tooth, that the ramp's drift over the period makes)
-    half = residual[max(1, lag // 2)]
+    half = residual[lag // 2]  # the lag is 2 or more
     ramp = drift >= 0.5 * residual[1] > 0 or residual[lag] < 0.25 * half <= drift * lag
     return Season(lag, residual[lag], repeats) if repeats or ramp else None
 
