@@ -562,6 +562,19 @@ def test_a_tooths_wrap_that_a_step_just_after_it_held_up_is_no_step_of_its_own(t
     _assert_dated_at_its_step(tmp_path, log, 5, 1772913719.32, 120)
 
 
+@pytest.mark.parametrize("at", [1772425496.14, 1772480602.3, 1772684662.12])
+def test_a_step_on_a_tooth_whose_wraps_the_leaks_last_steps_held_up_is_dated_by_its_own_jump(
+    tmp_path: Path, at: float
+) -> None:
+    """Read every 60 s: a 63 s tooth, 1.9% tall, aliased to a ramp that wraps every 21.4 readings, under a leak of
+    a 1% step every 20-30 readings. Nearly every two readings a period apart had a step between them, so the period
+    was mistaken (3, 12, 32 readings) and each wrap, higher than the one a period before by the step between, was
+    taken for a step, 2-6 readings before the step that came next. The wraps line up a period apart however the
+    steps fall, and a wrap is read against the wrap before lifted by the steps held since."""
+    log = smi_logs.generate(2067, 60, "fast-sawtooth", 0.01)  # a seeded log of the benchmark's tuned-on set
+    _assert_dated_at_its_step(tmp_path, log, 5, at, 120)
+
+
 def test_the_old_top_that_proves_a_step_is_its_readings_not_a_spike_they_caught(tmp_path: Path) -> None:
     """Read every 60 s: a 7.7% spike for three readings, then a 0.35% step six readings after it, in 0.1% noise. The
     old readings' top was the spike's, so no reading could prove the step, and two noisy readings dated it 3.6

@@ -98,7 +98,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from dataclasses import dataclass, replace
 from statistics import median
@@ -540,6 +540,8 @@ class LeakDetector:
         rise -= max(0.0, drift)
         if rise < tau:
             return ()  # the background's own rise, read a reading at a time (a flank sampled slowly)
+        if self._season is not None and self._wrap(when, rise):
+            return ()  # a tooth's wrap, held up by the steps since: the floor will tell
         seasonal = self._period_date(when, rise, window)
         if seasonal is not None and abs(seasonal - when) > 1.5 * self._dt:
             return ()  # a tooth's wrap held up by a step the period places elsewhere: the floor will tell
@@ -675,7 +677,7 @@ class LeakDetector:
         doubt: Doubt | None = None
         if found:  # the jump may be a tooth's return that a step held up; the period tells
             seasonal = self._period_date(found[0][0], size, window)
-            when = found[0][0] if seasonal is None else seasonal
+            when = found[0][0] if seasonal is None or self._shows(found[0][0], size) else seasonal
         else:
             since_load = self._raw[0][0] <= self._loaded_at  # the load's end is among the readings kept
             if since_load and min(v for s, v in self._raw if s >= self._loaded_at) >= level + size / 2:
@@ -743,7 +745,16 @@ class LeakDetector:
         i = self._first_at(t)
         # a ramp that wraps, read at a lag that is no whole period: the wrap before may be a reading either side
         near = (0,) if self._season.repeats else (-1, 0, 1)
-        return lag - near[0] <= i < len(raw) and all(raw[i][1] - raw[i - lag + d][1] > 0.5 * size for d in near)
+        return lag - near[0] <= i < len(raw) and all(
+            raw[i][1] - raw[i - lag + d][1] - self._held_between(raw[i - lag + d][0], t) > 0.5 * size for d in near
+        )
+
+    def _held_between(self, start: float, end: float) -> float:
+        """What the steps held, dated after ``start`` and before ``end``, lifted the readings by: a reading a
+        period before a step, lifted by the steps between, is the one the step rose from."""
+        steps, when = self._steps, lambda s: s.t
+        between = steps[bisect_right(steps, start, key=when) : bisect_left(steps, end, key=when)]
+        return sum(s.size for s in between if s.given_back_at is None)
 
     def _wrap(self, t: float, size: float) -> bool:
         """The jump into the reading at ``t`` is a tooth's wrap: the period reaches back from it, and the wrap a

@@ -256,13 +256,24 @@ def period_lag(values: Sequence[float]) -> Season | None:
     lag = min((lag for lag in residual if lag >= 3), key=residual.__getitem__)
     if residual[2] < min(residual[lag], 0.5 * residual[1]):
         lag = 2
-    drift = abs(median(b - a for a, b in pairwise(fit)))
-    repeats = residual[lag] < 0.5 * residual[1]  # the best of a hundred lags of noise is not
+    noise = residual[lag]
+    # steps closer together than the period hold up most readings a lag apart, at the period too: a leak
+    # that steps every half hour under a 63 s tooth read every minute. The period still lines the
+    # teeth's wraps up, where a step moves the change between two readings a lag apart only twice (in, and
+    # a lag later out): those changes are quietest at the period, and read its noise
+    moves = [b - a for a, b in pairwise(fit)]
+    rough = {k: sum(abs(b - a) for a, b in zip(moves, moves[k:])) / (len(moves) - k) for k in residual if k >= 2}
+    wraps = min((k for k in rough if k >= 3), key=rough.__getitem__)
+    if rough[lag] > 1.3 * rough[wraps]:
+        # the change of a difference is two differences' noise: 1/√2 of it is one's
+        lag, noise = wraps, min(residual[wraps], 0.707 * median(abs(b - a) for a, b in zip(moves, moves[wraps:])))
+    drift = abs(median(moves))
+    repeats = noise < 0.5 * residual[1]  # the best of a hundred lags of noise is not
     # an aliased tooth: a slow ramp that wraps (steeper than its noise, or read half a period apart, by half a
     # tooth, that the ramp's drift over the period makes)
     half = residual[lag // 2]  # the lag is 2 or more
-    ramp = drift >= 0.5 * residual[1] > 0 or residual[lag] < 0.25 * half <= drift * lag
-    return Season(lag, residual[lag], repeats) if repeats or ramp else None
+    ramp = drift >= 0.5 * residual[1] > 0 or noise < 0.25 * half <= drift * lag
+    return Season(lag, noise, repeats) if repeats or ramp else None
 
 
 def seasonal_change(raw: Readings, start: float, size: float, season: Season | None) -> float | None:
