@@ -675,7 +675,7 @@ class LeakDetector:
                 self._add(step)
             return tuple(steps)
         doubt: Doubt | None = None
-        if found:  # the jump may be a tooth's return that a step held up; the period tells
+        if found:  # a tooth's return a step held up (no higher than the one a period before): the period dates it
             seasonal = self._period_date(found[0][0], size, window)
             when = found[0][0] if seasonal is None or self._shows(found[0][0], size) else seasonal
         else:

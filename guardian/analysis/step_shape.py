@@ -245,6 +245,9 @@ def period_lag(values: Sequence[float]) -> Season | None:
     Readings that do not move (a flat series, to the MiB) have no period. A slow ramp that wraps (a tooth
     aliased by the sampling) has one however shallow, even under noise a reading larger than its drift: read
     half a period apart its readings differ by half a tooth, as far as the drift over a period takes them.
+    Steps closer together than the period (a leak that steps every half hour under a 63 s tooth read every
+    minute) hold up most readings a lag apart at every lag, the period's too; the period still lines the
+    teeth's wraps up, so there the change from one difference a lag apart to the next is quietest.
     """
     fit = values[-300:]
     if len(fit) < 60:
@@ -257,10 +260,8 @@ def period_lag(values: Sequence[float]) -> Season | None:
     if residual[2] < min(residual[lag], 0.5 * residual[1]):
         lag = 2
     noise = residual[lag]
-    # steps closer together than the period hold up most readings a lag apart, at the period too: a leak
-    # that steps every half hour under a 63 s tooth read every minute. The period still lines the
-    # teeth's wraps up, where a step moves the change between two readings a lag apart only twice (in, and
-    # a lag later out): those changes are quietest at the period, and read its noise
+    # steps closer together than the period: a step moves the difference a lag apart only twice (in, and a lag
+    # later out), where each wrap a lag that is no period leaves unmatched moves it twice
     moves = [b - a for a, b in pairwise(fit)]
     rough = {k: sum(abs(b - a) for a, b in zip(moves, moves[k:])) / (len(moves) - k) for k in residual if k >= 2}
     wraps = min((k for k in rough if k >= 3), key=rough.__getitem__)
