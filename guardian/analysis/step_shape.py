@@ -157,9 +157,12 @@ def jumps(
         if last == i - 1 and sign * move > tau / 3:
             found[-1] = (found[-1][0], found[-1][1] + move)
             last = i
-        elif last == i - 1 and sign > 0 and tau < -move < 0.67 * found[-1][1]:
+        elif last == i - 1 and sign > 0 and tau < -move < 0.67 * found[-1][1] and not any(
+            abs(r + move) <= 0.25 * r for _, r in unmatched_rises(found[:-1])
+        ):
             # up one reading and partly down the next: a spike that held a step inside it, sampled too
-            # slowly to show the step's own jump; the step is what stays, seen from the lower reading
+            # slowly to show the step's own jump; the step is what stays, seen from the lower reading. Unless
+            # an earlier rise no fall gave back is of the fall's size: that spike ended just after the step
             found[-1] = (raw[i][0], found[-1][1] + move)
             last = i
         elif abs(move) > tau:
