@@ -584,6 +584,15 @@ def test_a_spike_that_ends_a_reading_after_a_steps_jump_is_given_back_by_its_own
     _assert_dated_at_its_step(tmp_path, log, 2, 1772783516.06, 120)
 
 
+def test_a_wrap_a_reading_off_the_period_on_smooth_readings_is_no_step(tmp_path: Path) -> None:
+    """Read every 60 s: a 63.3 s tooth, 2.5% tall, aliased to a ramp that wraps every 19.7 readings, and a 1.8% step 7
+    readings after a wrap. The period was read as 39 readings (two teeth), and the readings as repeating, so a wrap was
+    compared with the one reading 39 before it only: a reading before the last wrap, so the wrap passed for a step,
+    dated 7 readings early. Where the readings are smooth, the wrap before may be a reading either side."""
+    log = smi_logs.generate(68, 60, "fast-sawtooth", 0.02)  # a seeded log of the benchmark's tuned-on set
+    _assert_dated_at_its_step(tmp_path, log, 3, 1772528781.25, 120)
+
+
 def test_the_old_top_that_proves_a_step_is_its_readings_not_a_spike_they_caught(tmp_path: Path) -> None:
     """Read every 60 s: a 7.7% spike for three readings, then a 0.35% step six readings after it, in 0.1% noise. The
     old readings' top was the spike's, so no reading could prove the step, and two noisy readings dated it 3.6

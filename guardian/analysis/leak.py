@@ -743,11 +743,21 @@ class LeakDetector:
         assert self._season is not None
         raw, lag = self._raw, self._season.lag
         i = self._first_at(t)
-        # a ramp that wraps, read at a lag that is no whole period: the wrap before may be a reading either side
-        near = (0,) if self._season.repeats else (-1, 0, 1)
+        # a ramp that wraps, or smooth readings, read at a lag that is no whole period: the wrap before may be a
+        # reading either side
+        near = (0,) if self._season.repeats and not self._smooth(i - lag, size) else (-1, 0, 1)
         return lag - near[0] <= i < len(raw) and all(
             raw[i][1] - raw[i - lag + d][1] - self._held_between(raw[i - lag + d][0], t) > 0.5 * size for d in near
         )
+
+    def _smooth(self, i: int, size: float) -> bool:
+        """The readings over the period before the reading ``i`` move from one to the next by under a quarter of
+        ``size`` (as most do): its neighbours read the same phase of the background as it, give or take a wrap. Not
+        so where the readings alternate, a neighbour half a tooth from it."""
+        assert self._season is not None
+        raw = self._raw
+        moves = sorted(abs(raw[j][1] - raw[j - 1][1]) for j in range(max(1, i - self._season.lag), i))
+        return bool(moves) and moves[len(moves) // 2] < 0.25 * size
 
     def _held_between(self, start: float, end: float) -> float:
         """What the steps held, dated after ``start`` and before ``end``, lifted the readings by: a reading a
