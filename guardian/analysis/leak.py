@@ -101,7 +101,7 @@ import math
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from dataclasses import dataclass, replace
-from statistics import median
+from statistics import median, median_high
 
 from guardian.analysis.alias import Unfolder
 from guardian.analysis.envelope import Envelope
@@ -756,8 +756,8 @@ class LeakDetector:
         so where the readings alternate, a neighbour half a tooth from it."""
         assert self._season is not None
         raw = self._raw
-        moves = sorted(abs(raw[j][1] - raw[j - 1][1]) for j in range(max(1, i - self._season.lag), i))
-        return bool(moves) and moves[len(moves) // 2] < 0.25 * size
+        moves = [abs(raw[j][1] - raw[j - 1][1]) for j in range(max(1, i - self._season.lag), i)]
+        return bool(moves) and median_high(moves) < 0.25 * size
 
     def _held_between(self, start: float, end: float) -> float:
         """What the steps held, dated after ``start`` and before ``end``, lifted the readings by: a reading a
