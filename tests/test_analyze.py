@@ -593,6 +593,16 @@ def test_a_wrap_a_reading_off_the_period_on_smooth_readings_is_no_step(tmp_path:
     _assert_dated_at_its_step(tmp_path, log, 3, 1772528781.25, 120)
 
 
+@pytest.mark.parametrize("at", [1772417283.05, 1772422547.07])
+def test_a_floor_lifted_by_readings_that_climb_evenly_has_crept(tmp_path: Path, at: float) -> None:
+    """Read every 60 s: a 58 s tooth, 5.4% tall, aliased to a ramp that climbs 0.24% a reading and wraps every 23
+    readings, under 2% steps. The floor over its 4-reading window climbed with the ramp, fast enough to pass for
+    abrupt, and the wraps made a jump the step's size too common to be told from noise: the climb was reported as a
+    step, 6-8 readings before the one that came. No reading rose by a third of the floor's rise at once: a creep."""
+    log = smi_logs.generate(68, 60, "fast-sawtooth", 0.02)  # a seeded log of the benchmark's tuned-on set
+    _assert_dated_at_its_step(tmp_path, log, 4, at, 120)
+
+
 def test_the_old_top_that_proves_a_step_is_its_readings_not_a_spike_they_caught(tmp_path: Path) -> None:
     """Read every 60 s: a 7.7% spike for three readings, then a 0.35% step six readings after it, in 0.1% noise. The
     old readings' top was the spike's, so no reading could prove the step, and two noisy readings dated it 3.6

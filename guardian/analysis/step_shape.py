@@ -172,7 +172,9 @@ def jumps(
     if wrap is not None:
         rises = [(when, rise) for when, rise in rises if not wrap(when, rise)]
     found = held_rises(rises, raw, level)
-    visible = tau < 0.6 * size
+    # a jump this big would stand out of noise, or of readings that nowhere rose by a third of it at once (a ramp:
+    # a tall sawtooth's noise, its wraps, can hide a jump from ``tau`` but not from readings that climb evenly)
+    visible = tau < 0.6 * size or all(b[1] - a[1] < size / 3 for a, b in pairwise(raw))
     total = sum(r for _, r in found)
     if total > 1.5 * size:
         # a staircase denser than the floor's window: the floor has risen by its oldest steps so far
