@@ -603,6 +603,16 @@ def test_a_floor_lifted_by_readings_that_climb_evenly_has_crept(tmp_path: Path, 
     _assert_dated_at_its_step(tmp_path, log, 4, at, 120)
 
 
+def test_a_floor_that_takes_a_found_steps_rise_in_late_finds_no_second_step(tmp_path: Path) -> None:
+    """Read every 60 s: 0.3% steps every 13-19 minutes on a slow ramp, in 0.07% noise, and a floor taken over 9
+    readings. A step found from its jump was sized by the floor's rise so far; when the last readings from before the
+    jump left the floor's window, the floor rose again, and that rise was reported as another step, dated by a noisy
+    reading 12 minutes after the jump and 6 before the next step. The floor rose just as the step's old readings left
+    it: that step's own rise, taken in late."""
+    log = smi_logs.generate(75, 60, "slow-ramp", 0.003)  # a seeded log of the benchmark's tuned-on set
+    _assert_dated_at_its_step(tmp_path, log, 7, 1772449165.21, 600)
+
+
 def test_the_old_top_that_proves_a_step_is_its_readings_not_a_spike_they_caught(tmp_path: Path) -> None:
     """Read every 60 s: a 7.7% spike for three readings, then a 0.35% step six readings after it, in 0.1% noise. The
     old readings' top was the spike's, so no reading could prove the step, and two noisy readings dated it 3.6

@@ -669,6 +669,12 @@ class LeakDetector:
         # what the readings showed up to here is accounted for: the last jump found, else all of it
         self._quiet_since = found[-1][0] + self._dt / 2 if found else t
         self._noise.floors.clear()  # the floor's jitter is measured between steps, not across them
+        last = self._newest_held()
+        if not found and last is not None and abs(self._left(level, size) - (last.t + window)) <= 1.5 * self._dt:
+            # the floor rose as the last readings from before the newest step's jump left its window: that step's own
+            # rise, which the floor took in late (it was sized by the floor's rise when its jump was found), at its date
+            self._steps[-1] = replace(last, size=last.size + size, found_at=t)
+            return (self._steps[-1],)
         if len(found) > 1:  # steps closer than the background's period: the readings show each one
             steps = _staircase(found, level, t)
             for step in steps:
@@ -687,7 +693,6 @@ class LeakDetector:
             when, doubt = change_point(self._raw, plateau, size, window, self._noise.sigma, self._season)
         size = step_size(self._raw, when, t, window, size) or size
         step = Step(t=when, size=size, found_at=t, before=level)
-        last = self._newest_held()
         if last is not None and t - last.found_at <= 2 * window and (step.t - last.t < window / 2 or size < 0.5 * last.size):
             # the floor of a sawtooth rises in stages as the old troughs leave the window: one step, dated where
             # most of it rose (a first stage smaller than the rest was the troughs' drift before it)
@@ -799,14 +804,17 @@ class LeakDetector:
     def _jumps(self, size: float, window: float, level: float) -> tuple[list[tuple[float, float]], bool]:
         """The rises between two readings that made this step (``step_shape.jumps``), looked for
         from a window and a half before the floor left ``level`` (the floor lags the readings)."""
-        low = next((s for s, v in reversed(self._trace) if v <= level + 0.25 * size), self._trace[0][0])
-        since = self._since_last_step(low - 1.5 * window)  # not the last step's own jump
+        since = self._since_last_step(self._left(level, size) - 1.5 * window)  # not the last step's own jump
         # from the reading before (since the load): a jump into the first reading is a jump since
         i = self._first_at(since) - 1
         if i >= 0 and self._raw[i][0] < self._loaded_at:
             i += 1
         raw = list(itertools.islice(self._raw, max(i, 0), None))
         return jumps(raw, level, size, self._noise.jump_threshold(self._k()), self._wrap if self._season else None)
+
+    def _left(self, level: float, size: float) -> float:
+        """When the floor last left ``level`` (was within a quarter of ``size`` of it)."""
+        return next((s for s, v in reversed(self._trace) if v <= level + 0.25 * size), self._trace[0][0])
 
     def _abrupt(self, window: float) -> float:
         """How fast a step lifts the floor: within half a window (the last low readings of the
