@@ -115,6 +115,7 @@ from guardian.analysis.step_shape import (
     alike,
     came_down,
     change_point,
+    gives_back,
     held_rises,
     jumps,
     moved_within,
@@ -524,7 +525,7 @@ class LeakDetector:
             sized = [j for j in kept if abs(j[2] + move) <= 3 * self._noise.sigma]
             if sized:
                 kept.remove(min(sized, key=lambda j: abs(j[2] + move)))
-            if not any(abs(r + move) <= 0.25 * r for _, _, r in self._pending):
+            if not any(gives_back(move, r) for _, _, r in self._pending):
                 self._spike_fell(t, -move, tau)  # no jump since the step explains the fall: the step may be the spike
         self._pending = kept
         if not kept or t - kept[0][0] < max(window, self.p.hold_seconds / 2):
@@ -655,7 +656,8 @@ class LeakDetector:
         self._level = plateau
         if size < 1.5 * self._k():
             return ()
-        found, visible = self._jumps(size, window, level)
+        left = self._left(level, size)
+        found, visible = self._jumps(size, window, level, left)
         # jumps the readings show are steps however slowly the floor followed (steps closer than
         # its window lift it in stages); without them, a floor that rose slowly crept
         if not found and not moved_within(self._trace, level, plateau, self._abrupt(window)):
@@ -670,11 +672,10 @@ class LeakDetector:
         self._quiet_since = found[-1][0] + self._dt / 2 if found else t
         self._noise.floors.clear()  # the floor's jitter is measured between steps, not across them
         last = self._newest_held()
-        if not found and last is not None and abs(self._left(level, size) - (last.t + window)) <= 1.5 * self._dt:
+        if not found and last is not None and abs(left - (last.t + window)) <= 1.5 * self._dt:
             # the floor rose as the last readings from before the newest step's jump left its window: that step's own
             # rise, which the floor took in late (it was sized by the floor's rise when its jump was found), at its date
-            self._steps[-1] = replace(last, size=last.size + size, found_at=t)
-            return (self._steps[-1],)
+            return self._grow_newest(t, size, last.t)
         if len(found) > 1:  # steps closer than the background's period: the readings show each one
             steps = _staircase(found, level, t)
             for step in steps:
@@ -696,13 +697,16 @@ class LeakDetector:
         if last is not None and t - last.found_at <= 2 * window and (step.t - last.t < window / 2 or size < 0.5 * last.size):
             # the floor of a sawtooth rises in stages as the old troughs leave the window: one step, dated where
             # most of it rose (a first stage smaller than the rest was the troughs' drift before it)
-            step = replace(last, t=step.t if size > last.size else last.t, size=last.size + size, found_at=t)
-            self._steps[-1] = step
-            return (step,)
+            return self._grow_newest(t, size, step.t if size > last.size else last.t)
         self._add(step)
         if doubt is not None and self._season is not None:
             self._unproven.append(_Unproven(step, doubt, until=t + window))
         return (step,)
+
+    def _grow_newest(self, t: float, size: float, when: float) -> tuple[Step, ...]:
+        """The newest step, grown by a later stage of the floor's rise that was its own, dated ``when``."""
+        self._steps[-1] = replace(self._steps[-1], t=when, size=self._steps[-1].size + size, found_at=t)
+        return (self._steps[-1],)
 
     def _prove(self, u: _Unproven, t: float, ended: bool = False) -> None:
         """A step dated without proof takes the date of the first reading that proves it (above the old top,
@@ -801,10 +805,10 @@ class LeakDetector:
             t = max(t, last.t + self._dt / 2)
         return max(t, self._loaded_at)
 
-    def _jumps(self, size: float, window: float, level: float) -> tuple[list[tuple[float, float]], bool]:
+    def _jumps(self, size: float, window: float, level: float, left: float) -> tuple[list[tuple[float, float]], bool]:
         """The rises between two readings that made this step (``step_shape.jumps``), looked for
-        from a window and a half before the floor left ``level`` (the floor lags the readings)."""
-        since = self._since_last_step(self._left(level, size) - 1.5 * window)  # not the last step's own jump
+        from a window and a half before the floor left ``level`` (at ``left``: the floor lags the readings)."""
+        since = self._since_last_step(left - 1.5 * window)  # not the last step's own jump
         # from the reading before (since the load): a jump into the first reading is a jump since
         i = self._first_at(since) - 1
         if i >= 0 and self._raw[i][0] < self._loaded_at:

@@ -158,7 +158,7 @@ def jumps(
             found[-1] = (found[-1][0], found[-1][1] + move)
             last = i
         elif last == i - 1 and sign > 0 and tau < -move < 0.67 * found[-1][1] and not any(
-            abs(r + move) <= 0.25 * r for _, r in unmatched_rises(found[:-1])
+            gives_back(move, r) for _, r in unmatched_rises(found[:-1])
         ):
             # up one reading and partly down the next: a spike that held a step inside it, sampled too
             # slowly to show the step's own jump; the step is what stays, seen from the lower reading. Unless
@@ -225,6 +225,11 @@ def unmatched_rises(moves: list[tuple[float, float]], within: float | None = Non
 def alike(a: float, b: float) -> bool:
     """Two moves of about one size: one could be the other given back."""
     return 0.67 * b <= a <= 1.5 * b
+
+
+def gives_back(fall: float, rise: float) -> bool:
+    """A fall (negative) of a rise's size, within a quarter of it: the end of that rise's spike."""
+    return abs(rise + fall) <= 0.25 * rise
 
 
 class Season(NamedTuple):
