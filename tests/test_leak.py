@@ -369,3 +369,25 @@ def test_a_triangle_sampled_every_minute_from_the_first_reading_makes_no_steps()
     _, reports = _run(values, budget=80 * GiB, capacity=80 * GiB, dt=60.0)
     assert all(s.size > 0 for s in reports[-1].steps)
     assert [s for s in reports[-1].steps if s.ended_by != "transient"] == []
+
+
+def test_a_step_taken_inside_a_spike_sampled_every_minute_is_dated_at_its_own_jump() -> None:
+    # no spikes for hours, then a 4 GiB one for 4 minutes; the leak steps 5 GiB 2.5 minutes into it: the readings
+    # go up 4, up 5, down 4. Erring late, the fall of the first jump's size is the spike's: the step is the second
+    segments = [(7200, 50 * GiB), (150, 54 * GiB), (90, 59 * GiB), (3600, 55 * GiB)]
+    _, reports = _run(_noisy(segments)[::60], budget=100 * GiB, dt=60.0)
+    (step,) = [s for s in reports[-1].steps if s.ended_by != "transient"]
+    assert step.t == 7380 and step.size == pytest.approx(5 * GiB, rel=0.05)  # the step was at 7350: never before
+
+
+def test_a_step_of_a_spikes_size_taken_while_it_is_up_is_dated_at_its_own_jump() -> None:
+    # 2 GiB spikes of 3 minutes every 25 minutes, and a taller one for a minute; 6 minutes later a 2 GiB spike lasts
+    # 11 minutes, and the leak steps 2 GiB 7 minutes into it: the readings go up, up again, and down to the first
+    # rise. A step with a spike on it, or a spike holding a step, read the same: erring late, the step is the second
+    # jump (the floor had taken the second jump for another step on the first, and so confirmed the first)
+    spikes = [(1320, 50 * GiB), (180, 52 * GiB)] * 4
+    segments = [(1800, 50 * GiB)] + spikes + [(1320, 50 * GiB), (60, 52.8 * GiB), (360, 50 * GiB)]
+    segments += [(420, 52 * GiB), (240, 54 * GiB), (3600, 52 * GiB)]
+    _, reports = _run(_noisy(segments)[::60], budget=100 * GiB, dt=60.0)
+    (step,) = [s for s in reports[-1].steps if s.ended_by != "transient"]
+    assert step.t == 9960 and step.size == pytest.approx(2 * GiB, rel=0.05)  # the step was at 9960

@@ -508,8 +508,15 @@ class LeakDetector:
         move = value - self._raw[-2][1] if len(self._raw) >= 2 else 0.0
         if move > tau:
             self._pending.append((t, value - move, move))
-        # a fall where spikes come and go (as jumps were given back lately, before this reading)
-        spike_fell = -move > tau and self._season is None and t - self._jump_back_t < self.p.max_envelope_seconds
+        def sized(rise: float) -> bool:  # the fall gives back a rise of its size, within noise
+            return abs(rise + move) <= 3 * self._noise.sigma
+
+        # a fall where spikes come and go (as jumps were given back lately, before this reading), or of the size of
+        # a jump with a later one still pending (a spike, and a step taken while it was up: erring late, the step is
+        # the later jump, not a spike on top of the earlier)
+        spike_fell = -move > tau and self._season is None and (
+            t - self._jump_back_t < self.p.max_envelope_seconds or any(sized(r) for _, _, r in self._pending[:-1])
+        )
         if not self._pending and not spike_fell:
             return ()
         # given back: under half the jump above where it rose from, or above the floor if that is lower (a
@@ -522,11 +529,14 @@ class LeakDetector:
             # a fall of a jump's size (within noise) gave it back, though a step taken while it was up holds the
             # readings over half of it (a step inside a spike; the step's own jump is left to be found); a
             # tooth's fall is only about a step's size. The jump closest in size to the fall
-            sized = [j for j in kept if abs(j[2] + move) <= 3 * self._noise.sigma]
-            if sized:
-                kept.remove(min(sized, key=lambda j: abs(j[2] + move)))
-            if not any(gives_back(move, r) for _, _, r in self._pending):
-                self._spike_fell(t, -move, tau)  # no jump since the step explains the fall: the step may be the spike
+            fits = [j for j in kept if sized(j[2])]
+            if fits:
+                kept.remove(min(fits, key=lambda j: abs(j[2] + move)))
+            # no jump since the step explains the fall: the step may be the spike (a jump that came before the step
+            # was found may be the step's own, which the floor took for a second step on it and so confirmed it)
+            found = self._steps[-1].found_at if self._steps else -math.inf
+            if not any(gives_back(move, r) for s, _, r in self._pending if s > found):
+                self._spike_fell(t, -move, tau)
         self._pending = kept
         if not kept or t - kept[0][0] < max(window, self.p.hold_seconds / 2):
             return ()
@@ -561,11 +571,12 @@ class LeakDetector:
         return (step,)
 
     def _spike_fell(self, t: float, fall: float, tau: float) -> None:
-        """A fall of the newest step's size (within noise) and no pending jump's, with the readings still up by a
-        jump since the step: the step was a spike the floor took for one (it outlasted a window and a hold), and
-        the jump inside it is the step. The step takes that jump's date and size. With no jump inside it and the
-        readings back where it rose from, the step was the spike alone, and is given back: one reading says so (the
-        floor's median of three hides it, and a step taken as the spike falls again kept the spike's date)."""
+        """A fall of the newest step's size (within noise) and of no jump pending since it was found, with the
+        readings still up by a jump since the step: the step was a spike the floor took for one (it outlasted a
+        window and a hold, or a jump of its size on it looked like a second step), and the jump inside it is the
+        step. The step takes that jump's date and size. With no jump inside it and the readings back where it rose
+        from, the step was the spike alone, and is given back: one reading says so (the floor's median of three hides
+        it, and a step taken as the spike falls again kept the spike's date)."""
         step = self._newest_held()
         if step is None or t - step.found_at > self.p.max_envelope_seconds:
             return
