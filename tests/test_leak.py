@@ -391,3 +391,28 @@ def test_a_step_of_a_spikes_size_taken_while_it_is_up_is_dated_at_its_own_jump()
     _, reports = _run(_noisy(segments)[::60], budget=100 * GiB, dt=60.0)
     (step,) = [s for s in reports[-1].steps if s.ended_by != "transient"]
     assert step.t == 9960 and step.size == pytest.approx(2 * GiB, rel=0.05)  # the step was at 9960
+
+
+@pytest.mark.parametrize("spikes_before", [0, 8])
+def test_a_step_taken_at_the_end_of_a_spike_is_dated_at_its_own_jump_and_sized_from_under_the_spike(
+    spikes_before: int,
+) -> None:
+    # a 1.1 GiB spike for 5 minutes, read every 5 s; the leak steps 1.8 GiB as it ends: up 1.1, up 1.8, down 1.1.
+    # Where no spike came before, the spike outlasted a window and was taken for a step; after 2 GiB spikes every
+    # 25 minutes, the floor rose onto its readings. Either way the step is the second jump, from under the spike
+    segments = [(1800, 50 * GiB)] + [(1320, 50 * GiB), (180, 52 * GiB)] * spikes_before
+    segments += [(1800, 50 * GiB), (300, 51.1 * GiB), (15, 52.9 * GiB), (3600, 51.8 * GiB)]
+    _, reports = _run(_noisy(segments, sigma=0.01 * GiB)[::5], budget=100 * GiB, dt=5.0)
+    (step,) = [s for s in reports[-1].steps if s.ended_by != "transient"]
+    jump = 3900 + 1500 * spikes_before
+    assert step.t == jump and step.size == pytest.approx(1.8 * GiB, rel=0.05)
+
+
+def test_a_step_found_just_as_a_spike_rises_stands_when_the_spike_falls() -> None:
+    # the leak steps 2 GiB; 4 minutes later, as the step is found, a 6.3 GiB spike rises for 8 minutes (longer than
+    # a window: taken for a step, and the 2 GiB before it for the readings' drift into it). The spike falls back to
+    # the step's level: the spike is given back, and the step stands
+    segments = [(7200, 50 * GiB), (240, 52 * GiB), (480, 58.3 * GiB), (3600, 52 * GiB)]
+    _, reports = _run(_noisy(segments)[::60], budget=100 * GiB, dt=60.0)
+    (step,) = [s for s in reports[-1].steps if s.ended_by != "transient"]
+    assert step.t == 7200 and step.size == pytest.approx(2 * GiB, rel=0.05)

@@ -111,6 +111,7 @@ from guardian.analysis.noise import Noise
 from guardian.analysis.period import Excursions
 from guardian.analysis.step_shape import (
     Doubt,
+    Jumps,
     Season,
     alike,
     came_down,
@@ -512,10 +513,19 @@ class LeakDetector:
             return abs(rise + move) <= 3 * self._noise.sigma
 
         # a fall where spikes come and go (as jumps were given back lately, before this reading), or of the size of
-        # a jump with a later one still pending (a spike, and a step taken while it was up: erring late, the step is
-        # the later jump, not a spike on top of the earlier)
+        # a jump with a later one still pending, or of the newest step's (found lately) and no pending jump's (a
+        # spike, and a step taken while it was up: erring late, the step is the later jump, not a spike on the
+        # earlier; where the fall gives back the newest jump, that was a spike on a step of its size)
+        newest = self._newest_held()
         spike_fell = -move > tau and self._season is None and (
-            t - self._jump_back_t < self.p.max_envelope_seconds or any(sized(r) for _, _, r in self._pending[:-1])
+            t - self._jump_back_t < self.p.max_envelope_seconds
+            or any(sized(r) for _, _, r in self._pending[:-1])
+            or (
+                newest is not None
+                and t - newest.found_at <= self.p.max_envelope_seconds
+                and sized(newest.size)
+                and not any(gives_back(move, r) for _, _, r in self._pending)
+            )
         )
         if not self._pending and not spike_fell:
             return ()
@@ -592,6 +602,11 @@ class LeakDetector:
         elif abs(self._raw[-1][1] - step.before) <= max(3 * self._noise.sigma, 0.25 * step.size):
             self._end(len(self._steps) - 1, t, "transient")
             self._level, self._candidate, self._quiet_since = step.before, None, t
+            drift = self._steps[-2] if len(self._steps) > 1 else None
+            if drift is not None and drift.ended_by == "transient" and drift.given_back_at == step.found_at:
+                # the step taken back when the spike's jump was, as the readings' drift into it, stands: it was
+                # a step of its own under a spike
+                self._steps[-2] = replace(drift, given_back_at=None, ended_by=None)
 
     def _periodic_step(self, t: float, window: float) -> tuple[Step, ...]:
         """A period of readings each above the one a period before them, that held two periods (and a
@@ -668,7 +683,12 @@ class LeakDetector:
         if size < 1.5 * self._k():
             return ()
         left = self._left(level, size)
-        found, visible = self._jumps(size, window, level, left)
+        found, visible, spiked = self._jumps(size, window, level, left)
+        if not found and spiked:
+            # the floor rose onto the readings of a spike of its size that fell since (one still up may hold a step
+            # taken inside it, which the floor shows once the spike's readings leave it): no step yet
+            self._level = level
+            return ()
         # jumps the readings show are steps however slowly the floor followed (steps closer than
         # its window lift it in stages); without them, a floor that rose slowly crept
         if not found and not moved_within(self._trace, level, plateau, self._abrupt(window)):
@@ -816,7 +836,7 @@ class LeakDetector:
             t = max(t, last.t + self._dt / 2)
         return max(t, self._loaded_at)
 
-    def _jumps(self, size: float, window: float, level: float, left: float) -> tuple[list[tuple[float, float]], bool]:
+    def _jumps(self, size: float, window: float, level: float, left: float) -> Jumps:
         """The rises between two readings that made this step (``step_shape.jumps``), looked for
         from a window and a half before the floor left ``level`` (at ``left``: the floor lags the readings)."""
         since = self._since_last_step(left - 1.5 * window)  # not the last step's own jump
@@ -884,7 +904,7 @@ class LeakDetector:
         if rest < 1.5 * k:
             return []
         raw = [(s, v) for s, v in self._raw if s >= since]
-        found, _ = jumps(raw, step.before, rest, self._noise.jump_threshold(k))
+        found = jumps(raw, step.before, rest, self._noise.jump_threshold(k)).found
         if not found:
             found = [(max(step.t, change_point(raw, floor, rest, window, self._noise.sigma, self._season)[0]), rest)]
         return _staircase(found, step.before, t)

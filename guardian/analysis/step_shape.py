@@ -31,7 +31,10 @@ def step_size(raw: Readings, when: float, t: float, window: float, floors: float
 
     Unbiased where the floors are not (a minimum over noise sits lower the more
     readings it sees), for readings tight around their level; a background's
-    readings (a sawtooth) are left to the floors.
+    readings (a sawtooth) are left to the floors, and so are readings whose
+    middles moved by half as much again or less than half of what the floors did
+    (the readings before were a spike's, holding the step inside it: the floors
+    rose from under the spike).
     """
     span = min(t - when, window)
     before = sorted(v for s, v in raw if when - span <= s < when)
@@ -43,7 +46,7 @@ def step_size(raw: Readings, when: float, t: float, window: float, floors: float
         if side[n // 2] - side[n // 10] > floors / 2:
             return None
     size = after[len(after) // 2] - before[len(before) // 2]
-    return size if size > 0 else None
+    return size if abs(size - floors) <= floors / 2 else None
 
 
 class Doubt(NamedTuple):
@@ -136,12 +139,19 @@ def moved_within(trace: Readings, level: float, plateau: float, seconds: float) 
     return high - low <= seconds
 
 
+class Jumps(NamedTuple):
+    """What the readings show of a floor's rise (``jumps``)."""
+
+    found: list[tuple[float, float]]  # the rises that made it: (when, how much)
+    visible: bool  # smooth enough readings that no such rise means a creep (not noise, or a sawtooth too fast)
+    spiked: bool  # a rise of its size that a fall gave back: the floor stands on a spike's readings
+
+
 def jumps(
     raw: Readings, level: float, size: float, tau: float, wrap: Callable[[float, float], bool] | None = None
-) -> tuple[list[tuple[float, float]], bool]:
-    """The rises between two readings that made a step of ``size`` over ``level``, (when, how much), and
-    whether the readings are smooth enough that no such rise means a creep (not noise or a sawtooth
-    faster than the sampling).
+) -> Jumps:
+    """The rises between two readings that made a step of ``size`` over ``level``, whether the readings
+    are smooth enough to show one, and whether they show a spike of its size given back.
 
     A rise is above ``tau`` (what noise does not make); one step sampled mid-rise shows as two
     readings and counts once; a fall like an earlier rise gives it back (a spike with a step inside
@@ -169,6 +179,11 @@ def jumps(
             found.append((raw[i][0], move))
             last, sign = i, (1.0 if move > 0 else -1.0)
     rises = unmatched_rises(found)
+    # a spike: a rise of the floor's size, given back by a fall of its own size (not one it merely matched best)
+    spiked = any(
+        r > 0 and alike(r, size) and (when, r) not in rises and any(w > when and gives_back(m, r) for w, m in found)
+        for when, r in found
+    )
     if wrap is not None:
         rises = [(when, rise) for when, rise in rises if not wrap(when, rise)]
     found = held_rises(rises, raw, level)
@@ -183,8 +198,8 @@ def jumps(
         found, total = found[:n], sums[n - 1]
     if not 0.6 * size <= total <= 1.5 * size:
         # spikes or sawtooth teeth among them: not these, but a jump seen is still a jump
-        return [], visible and not any(r >= 0.5 * size for _, r in found)
-    return [(when, rise * size / total) for when, rise in found], visible
+        return Jumps([], visible and not any(r >= 0.5 * size for _, r in found), spiked)
+    return Jumps([(when, rise * size / total) for when, rise in found], visible, spiked)
 
 
 def came_down(raw: Readings, when: float, rise: float) -> bool:
