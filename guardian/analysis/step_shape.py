@@ -77,11 +77,16 @@ def change_point(
     Where the background has a period, the period dates it first (``seasonal_change``).
     """
     margin = min(0.5 * size, max(0.25 * size, 2 * sigma))
+    # the newest readings may dip under the new floor (noise the floor's median of three hides): the run on the new
+    # level is the one before them, not none (which dated the step at the dip)
+    newest = len(raw)
+    while newest > 0 and raw[newest - 1][1] < new_floor - margin:
+        newest -= 1
     start = None
-    for s, v in reversed(raw):
-        if v < new_floor - margin:
+    for i in range(newest - 1, -1, -1):
+        if raw[i][1] < new_floor - margin:
             break
-        start = s
+        start = raw[i][0]
     if start is None:
         return raw[-1][0], None
     seasonal = seasonal_change(raw, start, size, season)
