@@ -416,3 +416,13 @@ def test_a_step_found_just_as_a_spike_rises_stands_when_the_spike_falls() -> Non
     _, reports = _run(_noisy(segments)[::60], budget=100 * GiB, dt=60.0)
     (step,) = [s for s in reports[-1].steps if s.ended_by != "transient"]
     assert step.t == 7200 and step.size == pytest.approx(2 * GiB, rel=0.05)
+
+
+def test_a_fall_of_a_steps_size_half_an_hour_later_leaves_the_step_where_it_was() -> None:
+    # a 0.5 GiB step, and 38 minutes later a 1.33 GiB jump and a 0.5 GiB fall: not a spike that held a step for half
+    # an hour (which would move the step to the jump, after it was found), whatever else the jump and the fall were
+    segments = [(7200, 50 * GiB), (2300, 50.5 * GiB), (120, 51.83 * GiB), (3600, 51.33 * GiB)]
+    _, reports = _run(_noisy(segments, sigma=0.01 * GiB)[::5], budget=100 * GiB, dt=5.0)
+    steps = reports[-1].steps
+    assert steps[0].t == 7200 and steps[0].size == pytest.approx(0.5 * GiB, rel=0.1)
+    assert all(s.t <= s.found_at for s in steps)  # none moved to a jump that came after it was found

@@ -57,7 +57,12 @@ def test_the_numbers_read_from_proc_are_the_ones_psutil_gives(tree: subprocess.P
 def test_a_zombie_in_the_tree_reads_as_not_alive(tmp_path: Path) -> None:
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(['true']); time.sleep(60)"])
     try:
-        time.sleep(0.5)  # the child has exited and is not reaped: a zombie
+        # the child has exited and is not reaped: a zombie (waited for, not slept on: a loaded machine starts the
+        # parent's interpreter late)
+        deadline = time.monotonic() + 30
+        while not any(c.status() == psutil.STATUS_ZOMBIE for c in psutil.Process(parent.pid).children()):
+            assert time.monotonic() < deadline, "the parent's child never became a zombie"
+            time.sleep(0.05)
         pid_file = tmp_path / "vllm.pid"
         pid_file.write_text(str(parent.pid))
         readings, _ = ProcessSource(ProcessSection(pid_file=pid_file)).read()

@@ -513,7 +513,7 @@ class LeakDetector:
             return abs(rise + move) <= 3 * self._noise.sigma
 
         # a fall where spikes come and go (as jumps were given back lately, before this reading), or of the size of
-        # a jump with a later one still pending, or of the newest step's (found lately) and no pending jump's (a
+        # a jump with a later one still pending, or of the newest step's (a recent one) and no pending jump's (a
         # spike, and a step taken while it was up: erring late, the step is the later jump, not a spike on the
         # earlier; where the fall gives back the newest jump, that was a spike on a step of its size)
         newest = self._newest_held()
@@ -522,7 +522,7 @@ class LeakDetector:
             or any(sized(r) for _, _, r in self._pending[:-1])
             or (
                 newest is not None
-                and t - newest.found_at <= self.p.max_envelope_seconds
+                and t - newest.t <= 2 * max(window, self.p.hold_seconds)  # a spike, not a step's half hour
                 and sized(newest.size)
                 and not any(gives_back(move, r) for _, _, r in self._pending)
             )
