@@ -544,7 +544,7 @@ class LeakDetector:
                 kept.remove(min(fits, key=lambda j: abs(j[2] + move)))
             # no jump since the step explains the fall: the step may be the spike (a jump that came before the step
             # was found may be the step's own, which the floor took for a second step on it and so confirmed it)
-            found = self._steps[-1].found_at if self._steps else -math.inf
+            found = newest.found_at if newest is not None else -math.inf
             if not any(gives_back(move, r) for s, _, r in self._pending if s > found):
                 self._spike_fell(t, -move, tau)
         self._pending = kept
