@@ -11,3 +11,38 @@ def test_a_step_confirmed_on_a_reading_that_dips_under_its_level_is_dated_where_
     raw = [(60.0 * i, v) for i, v in enumerate(old + new + [0.6])]
     when, _ = change_point(raw, new_floor=0.98, size=1.0, window=600.0, sigma=0.02)
     assert when == 600.0
+
+
+def test_two_small_steps_the_floor_took_in_at_once_are_dated_at_the_first_not_at_a_noisy_proof_between_them() -> None:
+    # readings every minute in noise of 0.1: ten on the old level, eleven 0.3 higher from 600 s (a step no larger than
+    # the old readings' top, so only a pair lifted by noise rises above it: at 1080 s), then six 0.6 higher from 1260 s.
+    # The floor took in both steps at once; the 1080 s "proof" is neither step's date
+    old = [0.0, 0.08, -0.06, 0.05, -0.1, 0.02, 0.1, -0.04, 0.03, -0.02]
+    first = [0.22, 0.3, 0.25, 0.35, 0.2, 0.26, 0.33, 0.24, 0.31, 0.34, 0.27]
+    second = [0.6, 0.55, 0.68, 0.62, 0.57, 0.64]
+    raw = [(60.0 * i, v) for i, v in enumerate(old + first + second)]
+    when, _ = change_point(raw, new_floor=0.3, size=0.35, window=600.0, sigma=0.1)
+    assert when == 600.0
+
+
+def test_a_step_at_the_end_of_a_spike_is_dated_at_its_proof_not_where_the_spike_began() -> None:
+    # readings every minute: ten on the old level, six of a spike 1.4 higher, then 0.86 higher (the step came as the
+    # spike fell) and later a second step to 1.86: the spike's readings are no level of the first step's
+    old = [0.0, 0.08, -0.06, 0.05, -0.1, 0.02, 0.1, -0.04, 0.03, -0.02]
+    spike = [1.4, 1.42, 1.38, 1.41, 1.39, 1.4]
+    new = [0.86, 0.84, 0.88, 0.85, 0.87, 0.86, 0.85, 0.87]
+    later = [1.86, 1.85, 1.87, 1.84, 1.86, 1.88, 1.85, 1.86, 1.87, 1.85]
+    raw = [(60.0 * i, v) for i, v in enumerate(old + spike + new + later)]
+    when, _ = change_point(raw, new_floor=0.8, size=0.86, window=600.0, sigma=0.1)
+    assert when == 60.0 * (len(old) + len(spike))
+
+
+def test_readings_noise_lifted_just_before_a_step_are_no_level_of_their_own_and_leave_the_date_at_its_proof() -> None:
+    # readings every minute in noise: ten on the old level, three lifted by noise, the step (0.33, then a dip to 0.13),
+    # and the new level: the first pair above the old top (at 900 s) dates it, not the lifted readings before it
+    old = [0.0, 0.08, -0.06, 0.05, -0.1, 0.02, 0.1, -0.04, 0.03, -0.02]
+    lifted = [0.18, 0.2, 0.17]
+    new = [0.33, 0.13, 0.3, 0.25, 0.28, 0.36, 0.24]
+    raw = [(60.0 * i, v) for i, v in enumerate(old + lifted + new)]
+    when, _ = change_point(raw, new_floor=0.24, size=0.27, window=600.0, sigma=0.06)
+    assert when == 900.0

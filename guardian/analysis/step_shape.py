@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from itertools import accumulate, pairwise
+from math import sqrt
 from statistics import median
 from typing import Callable, Iterable, NamedTuple, Sequence
 
@@ -74,7 +75,9 @@ def change_point(
     half the step). Without such a reading, the first of two on the new level, in doubt:
     on a tooth aliased by slow sampling the new floor is often a reading from before
     the step, and the proof comes with the tooth's next high phase.
-    Where the background has a period, the period dates it first (``seasonal_change``).
+    Where the background has a period, the period dates it first (``seasonal_change``). Where the readings
+    between the run's start and the proof stood on a level of their own (two small steps in noise that the floor
+    took in at once), the proof is the second's and the step is dated as if none had come.
     """
     margin = min(0.5 * size, max(0.25 * size, 2 * sigma))
     # the newest readings may dip under the new floor (noise the floor's median of three hides): the run on the new
@@ -106,7 +109,9 @@ def change_point(
         held = max((sorted(three)[1] for three in zip(body, body[1:], body[2:])), default=before[n - 1])
         doubt = Doubt(start, max(before[int(0.98 * (n - 1))] + margin, held), size)
         proved = proof(raw, doubt)
-        if proved is not None:
+        # only where the old readings are noise: a tooth's readings before its proof are its own phases, not a level
+        noise = season is None and before[int(0.98 * (n - 1))] - median(body) <= 3 * sigma
+        if proved is not None and not (noise and _stood_between(raw, doubt, proved, median(body), sigma)):
             return proved, None
     # else erring late: the first of two readings in a row above halfway between the readings' middles either side,
     # and as far at most above the new middle (not on a spike: one twice the step's size has readings a step over it)
@@ -118,6 +123,20 @@ def change_point(
     mid = (median(below) + middle) / 2 if below else new_floor - margin
     on = [(s, mid <= v <= 2 * middle - mid) for s, v in after]
     return next((a[0] for a, b in pairwise(on) if a[1] and b[1]), start), doubt
+
+
+def _stood_between(raw: Readings, doubt: Doubt, proved: float, old: float, sigma: float) -> bool:
+    """The readings from the run's start to the proof stood on a level of their own: clear of the old readings'
+    middle ``old`` and of the readings' from the proof on, and under the old top (not a spike's readings). Two steps
+    the floor took in at once: the proof is the second's (or noise's, between them), the run's start the first's.
+    Clear by a quarter of the floor's rise and by four standard errors of the middles (a few readings noise lifted
+    before a step are no level)."""
+    between = [v for s, v in raw if doubt.start <= s < proved]
+    if len(between) < 3:
+        return False
+    clear = max(doubt.size / 4, 4 * sigma / sqrt(len(between)))
+    level = median(between)
+    return old + clear <= level < doubt.top and level <= median(v for s, v in raw if s >= proved) - clear
 
 
 def proof(raw: Readings, doubt: Doubt) -> float | None:
