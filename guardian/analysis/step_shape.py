@@ -107,12 +107,15 @@ def change_point(
         n = bisect_right(before, fence)  # the body: before[:n], sorted
         body = [v for v in old if v <= fence]
         held = max((sorted(three)[1] for three in zip(body, body[1:], body[2:])), default=before[n - 1])
-        doubt = Doubt(start, max(before[int(0.98 * (n - 1))] + margin, held), size)
+        high = before[int(0.98 * (n - 1))]
+        doubt = Doubt(start, max(high + margin, held), size)
         proved = proof(raw, doubt)
-        # only where the old readings are noise: a tooth's readings before its proof are its own phases, not a level
-        noise = season is None and before[int(0.98 * (n - 1))] - median(body) <= 3 * sigma
-        if proved is not None and not (noise and _stood_between(raw, doubt, proved, median(body), sigma)):
-            return proved, None
+        if proved is not None:
+            old_middle = median(body)
+            # only where the old readings are noise: a tooth's readings before its proof are its phases, not a level
+            noise = season is None and high - old_middle <= 3 * sigma
+            if not (noise and _stood_between(raw, doubt, proved, old_middle, sigma)):
+                return proved, None
     # else erring late: the first of two readings in a row above halfway between the readings' middles either side,
     # and as far at most above the new middle (not on a spike: one twice the step's size has readings a step over it)
     # (the floor, a minimum, sits under the new readings' middle: a run above it less the margin can begin with old
