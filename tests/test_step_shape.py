@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from guardian.analysis.step_shape import change_point
+from guardian.analysis.step_shape import change_point, jumps
 
 
 def test_a_step_confirmed_on_a_reading_that_dips_under_its_level_is_dated_where_its_level_began() -> None:
@@ -46,3 +46,23 @@ def test_readings_noise_lifted_just_before_a_step_are_no_level_of_their_own_and_
     raw = [(60.0 * i, v) for i, v in enumerate(old + lifted + new)]
     when, _ = change_point(raw, new_floor=0.24, size=0.27, window=600.0, sigma=0.06)
     assert when == 900.0
+
+
+def test_a_step_just_after_the_wrap_of_a_tooth_no_period_was_read_for_is_dated_at_its_own_jump_not_at_the_wrap() -> None:
+    # an 81 s tooth read every minute, before its period is known: readings fall by 0.5 three times and wrap up by 1.5
+    # (drifting a little). A step of 1.7 comes a reading after a wrap; that wrap, held up by the step, is the fourth of
+    # its kind from the same trough, so the step's own jump (a reading later, at 1560 s) dates it
+    tooth = [0.45, -0.05, -0.55, -1.05]
+    values = [v - 0.01 * i for i in range(6) for v in tooth] + [0.39, -0.11]
+    values += [v + 1.64 for v in tooth[2:]] + [v + 1.63 for _ in range(3) for v in tooth]
+    raw = [(60.0 * i, v) for i, v in enumerate(values)]
+    found = jumps(raw, level=-1.1, size=1.7, tau=0.225).found
+    assert [when for when, _ in found] == [1560.0]
+
+
+def test_a_staircase_of_equal_steps_keeps_every_jump_each_rising_from_a_step_higher() -> None:
+    # three steps of 1.0, ten minutes apart: rises alike in size, but none from where another rose from (no wrap)
+    noise = [0.01, -0.02, 0.0, 0.02, -0.01, 0.01, 0.0, -0.01, 0.02, 0.0]
+    raw = [(60.0 * i, v) for i, v in enumerate(n + level for level in (0.0, 1.0, 2.0, 3.0) for n in noise)]
+    found = jumps(raw, level=0.0, size=3.0, tau=0.225).found
+    assert [when for when, _ in found] == [600.0, 1200.0, 1800.0]

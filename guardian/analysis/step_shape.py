@@ -185,9 +185,11 @@ def jumps(
     it shows both of its jumps and the step's). Where they add up to more than the floor's rise,
     the oldest that make it up are the ones the floor shows yet; rises that do not add up to it
     (a spike's among them) are not used; the sizes are scaled to the floor's. A rise that ``wrap`` says
-    the background's period explains (a tooth's wrap, held up by a step just after it) is none.
+    the background's period explains (a tooth's wrap, held up by a step just after it) is none; with no period
+    read, so is one the readings made twice more from where it rose from (``_made_again``).
     """
     found: list[tuple[float, float]] = []
+    froms: list[float] = []  # the reading each of them moved from
     last, sign = -2, 0.0
     for i in range(1, len(raw)):
         move = raw[i][1] - raw[i - 1][1]
@@ -204,6 +206,7 @@ def jumps(
             last = i
         elif abs(move) > tau:
             found.append((raw[i][0], move))
+            froms.append(raw[i - 1][1])
             last, sign = i, (1.0 if move > 0 else -1.0)
     rises = unmatched_rises(found)
     # a spike: a rise of the floor's size, given back by a fall of its own size (not one it merely matched best)
@@ -213,6 +216,9 @@ def jumps(
     )
     if wrap is not None:
         rises = [(when, rise) for when, rise in rises if not wrap(when, rise)]
+    else:
+        moved = list(zip(found, froms))
+        rises = [r for r in rises if not _made_again(r, moved, tau / 2)]
     found = held_rises(rises, raw, level)
     # a jump this big would stand out of noise, or of readings that nowhere rose by a third of it at once (a ramp:
     # a tall sawtooth's noise, its wraps, can hide a jump from ``tau`` but not from readings that climb evenly)
@@ -227,6 +233,16 @@ def jumps(
         # spikes or sawtooth teeth among them: not these, but a jump seen is still a jump
         return Jumps([], visible and not any(r >= 0.5 * size for _, r in found), spiked)
     return Jumps([(when, rise * size / total) for when, rise in found], visible, spiked)
+
+
+def _made_again(rise: tuple[float, float], moves: list[tuple[tuple[float, float], float]], within: float) -> bool:
+    """The readings made this rise twice more, from where it rose from (each to ``within``; ``moves``: (when, how
+    much) and the reading it moved from): the wrap of a background no period was read for yet (a fast tooth aliased
+    by slow sampling: its period is read over hundreds of readings), which a step just after it holds up, so that it
+    looks like the step's jump. A staircase's rises each start a step higher, and spikes seldom repeat to within noise."""
+    when, size = rise
+    start = next(f for (w, _), f in moves if w == when)
+    return sum(1 for (w, m), f in moves if w != when and abs(m - size) <= within and abs(f - start) <= within) >= 2
 
 
 def came_down(raw: Readings, when: float, rise: float) -> bool:
