@@ -516,11 +516,11 @@ class LeakDetector:
         newest = self._newest_held()
         spike_fell = -move > tau and self._season is None and (
             t - self._jump_back_t < self.p.max_envelope_seconds
-            or any(self._gives_back(-move, r) for _, _, r in self._pending[:-1])
+            or any(self._within_noise_gives_back(move, r) for _, _, r in self._pending[:-1])
             or (
                 newest is not None
                 and t - newest.t <= 2 * max(window, self.p.hold_seconds)  # a spike, not a step's half hour
-                and self._gives_back(-move, newest.size)
+                and self._within_noise_gives_back(move, newest.size)
                 and not any(gives_back(move, r) for _, _, r in self._pending)
             )
         )
@@ -536,7 +536,7 @@ class LeakDetector:
             # a fall of a jump's size (within noise) gave it back, though a step taken while it was up holds the
             # readings over half of it (a step inside a spike; the step's own jump is left to be found); a
             # tooth's fall is only about a step's size. The jump closest in size to the fall
-            fits = [j for j in kept if self._gives_back(-move, j[2])]
+            fits = [j for j in kept if self._within_noise_gives_back(move, j[2])]
             if fits:
                 kept.remove(min(fits, key=lambda j: abs(j[2] + move)))
             # no jump since the step explains the fall: the step may be the spike (a jump that came before the step
@@ -587,7 +587,7 @@ class LeakDetector:
         step = self._newest_held()
         if step is None or t - step.found_at > self.p.max_envelope_seconds:
             return
-        if not self._gives_back(fall, step.size):
+        if not self._within_noise_gives_back(-fall, step.size):
             return
         inside = [(b[0], b[1] - a[1]) for a, b in itertools.pairwise(r for r in self._raw if r[0] > step.t)]
         rises = [(when, rise) for when, rise in inside[:-1] if rise > tau]  # the newest move is the fall
@@ -605,11 +605,11 @@ class LeakDetector:
                 # a step of its own under a spike
                 self._steps[-2] = replace(drift, given_back_at=None, ended_by=None)
 
-    def _gives_back(self, fall: float, rise: float) -> bool:
-        """A fall (a positive amount) of a rise's size to within the readings' noise (3 sigma): the end of that rise's
-        spike, told from a tooth's fall, which is only about a step's size (``step_shape.gives_back`` is looser: a
-        quarter of the rise)."""
-        return abs(rise - fall) <= 3 * self._noise.sigma
+    def _within_noise_gives_back(self, fall: float, rise: float) -> bool:
+        """A fall (negative, as ``step_shape.gives_back`` takes it) of a rise's size to within the readings' noise (3
+        sigma): the end of that rise's spike, told from a tooth's fall, which is only about a step's size
+        (``step_shape.gives_back`` is looser: a quarter of the rise)."""
+        return abs(rise + fall) <= 3 * self._noise.sigma
 
     def _periodic_step(self, t: float, window: float) -> tuple[Step, ...]:
         """A period of readings each above the one a period before them, that held two periods (and a
