@@ -598,7 +598,10 @@ def test_a_floor_lifted_by_readings_that_climb_evenly_has_crept(tmp_path: Path, 
     """Read every 60 s: a 58 s tooth, 5.4% tall, aliased to a ramp that climbs 0.24% a reading and wraps every 23
     readings, under 2% steps. The floor over its 4-reading window climbed with the ramp, fast enough to pass for
     abrupt, and the wraps made a jump the step's size too common to be told from noise: the climb was reported as a
-    step, 6-8 readings before the one that came. No reading rose by a third of the floor's rise at once: a creep."""
+    step, 6-8 readings before the one that came. No reading rose by a third of the floor's rise at once: a creep.
+    With the background's period read right (a 2072 s window), the step before 1772422547 is confirmed only after the
+    next one's jump: sized by the floor, it took that jump's share in too, and the level it left stood so high that the
+    next trough gave the 1772422547 step back. A step is what the readings rose by before the next pending jump."""
     log = smi_logs.generate(68, 60, "fast-sawtooth", 0.02)  # a seeded log of the benchmark's tuned-on set
     _assert_dated_at_its_step(tmp_path, log, 4, at, 120)
 

@@ -290,6 +290,20 @@ def test_noisier_series_raise_the_step_threshold() -> None:
     assert reports[-1].held_steps == ()
 
 
+def test_a_logs_first_half_hour_read_every_minute_makes_no_steps_of_its_noise() -> None:
+    """The readings' jitter is first measured at the 33rd reading; until then half the smallest step was all a rise
+    had to beat, and noise a third of the smallest step beat it in 9 logs of 40 (a step reported minutes to a
+    quarter of an hour into the log, before any real one). Until the jitter is measured a rise must beat the whole
+    smallest step."""
+    budget = 80 * GiB
+    noisy = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        values = [1 * GiB] + [60 * GiB + rng.gauss(0, 0.001 * budget) for _ in range(120)]  # a load, then flat
+        _, reports = _run(values, budget=budget, capacity=budget, dt=60.0)
+        noisy += bool(reports[-1].steps)
+    assert noisy <= 2
+
 def test_a_restart_gives_the_steps_back_and_the_whole_log_still_shows_the_leak() -> None:
     params = LeakParams(regret_seconds=60)
     values = _noisy([(600, 50 * GiB), (900, 51 * GiB), (900, 52 * GiB), (900, 53 * GiB)])

@@ -727,6 +727,10 @@ class LeakDetector:
                 return ()
             when, doubt = change_point(self._raw, plateau, size, window, self._noise.sigma, self._season)
         size = step_size(self._raw, when, t, window, size) or size
+        before_next = self._rose_before_next(when, level, size)
+        if before_next < size:  # the next step's share of the floor's rise is the next step's
+            size = before_next
+            self._level = level + size
         step = Step(t=when, size=size, found_at=t, before=level)
         if last is not None and t - last.found_at <= 2 * window and (step.t - last.t < window / 2 or size < 0.5 * last.size):
             # the floor of a sawtooth rises in stages as the old troughs leave the window: one step, dated where
@@ -736,6 +740,16 @@ class LeakDetector:
         if doubt is not None and self._season is not None:
             self._unproven.append(_Unproven(step, doubt, until=t + window))
         return (step,)
+
+    def _rose_before_next(self, when: float, level: float, size: float) -> float:
+        """What the readings rose by from ``when`` to the next jump still pending, where there is one: a floor taken
+        as late as a long window confirms (a whole aliased tooth) rose onto that next step too, and a level raised by
+        both would give the next step back at its first trough. Otherwise ``size``: nothing came after."""
+        later = [s for s, _, _ in self._pending if s > when + self._dt / 2]
+        between = [v for s, v in self._raw if when <= s < later[0]] if later else []
+        if len(between) < 3:
+            return size
+        return min(sorted(three)[1] for three in zip(between, between[1:], between[2:])) - level
 
     def _grow_newest(self, t: float, size: float, when: float) -> tuple[Step, ...]:
         """The newest step, grown by a later stage of the floor's rise that was its own, dated ``when``."""
