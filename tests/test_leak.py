@@ -422,6 +422,16 @@ def test_a_step_taken_at_the_end_of_a_spike_is_dated_at_its_own_jump_and_sized_f
     assert step.t == jump and step.size == pytest.approx(1.8 * GiB, rel=0.05)
 
 
+def test_a_step_that_comes_as_a_spike_falls_is_dated_at_the_fall_and_sized_by_what_stayed() -> None:
+    # a 3.8 GiB spike for 3 minutes, read every minute; the leak steps 2.4 GiB as it ends: up 3.8, down 1.4. The rise
+    # held a window, so it was taken for the step (3.8 GiB, 3 minutes early). The readings cannot tell when between
+    # the rise and the fall the step came: erring late, at the fall, by what the readings kept
+    segments = [(7200, 50 * GiB), (180, 53.8 * GiB), (3600, 52.4 * GiB)]
+    _, reports = _run(_noisy(segments)[::60], budget=100 * GiB, dt=60.0)
+    (step,) = [s for s in reports[-1].steps if s.ended_by != "transient"]
+    assert step.t == 7380 and step.size == pytest.approx(2.4 * GiB, rel=0.05)
+
+
 def test_a_step_found_just_as_a_spike_rises_stands_when_the_spike_falls() -> None:
     # the leak steps 2 GiB; 4 minutes later, as the step is found, a 6.3 GiB spike rises for 8 minutes (longer than
     # a window: taken for a step, and the 2 GiB before it for the readings' drift into it). The spike falls back to

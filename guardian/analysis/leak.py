@@ -547,7 +547,7 @@ class LeakDetector:
         self._pending = kept
         if not kept or t - kept[0][0] < max(window, self.p.hold_seconds / 2):
             return ()
-        when, _, rise = self._pending.pop(0)
+        when, before, rise = self._pending.pop(0)
         if t - self._jump_back_t < self.p.max_envelope_seconds and self._jump_back >= 0.5 * rise:
             return ()  # spikes, an aliased sawtooth: the floor will tell
         if self._held_near(when, 1.5 * self._dt):
@@ -558,6 +558,8 @@ class LeakDetector:
         rise -= max(0.0, drift)
         if rise < tau:
             return ()  # the background's own rise, read a reading at a time (a flank sampled slowly)
+        if self._season is None and before <= self._level + k:  # rose from the level (not from a spike's top)
+            when, rise = self._kept_after_fall(when, before, rise, tau)
         if self._season is not None and self._wrap(when, rise):
             return ()  # a tooth's wrap, held up by the steps since: the floor will tell
         seasonal = self._period_date(when, rise, window)
@@ -576,6 +578,21 @@ class LeakDetector:
         self._noise.floors.clear()
         self._add(step)
         return (step,)
+
+    def _kept_after_fall(self, when: float, before: float, rise: float, tau: float) -> tuple[float, float]:
+        """The jump at ``when`` (from the level at ``before``, by ``rise``) and where the readings stand since: where
+        they fell by a jump since, to a level they held that is clearly under the jump's top and clearly over where it
+        rose from, the jump was a spike's and the step came inside its fall (the readings cannot tell when between the
+        two it came: erring late, at the fall), and is what the readings kept. Else the jump as it was."""
+        after = [(s, v) for s, v in self._raw if s >= when]
+        falls = [b[0] for a, b in itertools.pairwise(after) if a[1] - b[1] > tau]
+        if not falls:
+            return when, rise
+        since = [v for s, v in after if s >= falls[-1]]
+        kept = median(since) - before
+        if len(since) >= 2 and tau <= kept <= rise - tau:
+            return falls[-1], kept
+        return when, rise
 
     def _spike_fell(self, t: float, fall: float, tau: float) -> None:
         """A fall of the newest step's size (within noise) and of no jump pending since it was found, with the
