@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from guardian.analysis.step_shape import change_point, jumps
+from guardian.analysis.step_shape import change_point, jumps, unmatched_rises
 
 
 def test_a_step_confirmed_on_a_reading_that_dips_under_its_level_is_dated_where_its_level_began() -> None:
@@ -66,3 +66,18 @@ def test_a_staircase_of_equal_steps_keeps_every_jump_each_rising_from_a_step_hig
     raw = [(60.0 * i, v) for i, v in enumerate(n + level for level in (0.0, 1.0, 2.0, 3.0) for n in noise)]
     found = jumps(raw, level=0.0, size=3.0, tau=0.225).found
     assert [when for when, _ in found] == [600.0, 1200.0, 1800.0]
+
+
+def test_a_spikes_fall_gives_back_its_own_rise_where_spikes_of_its_size_came_and_went_before() -> None:
+    # spikes of 3.5-6 rose and fell three times; then a 5.0 spike, a 4.6 step while it is up, and the spike's fall of
+    # 5.0. Falls that alike repeat were taken for a tooth's wraps, which give back nothing, so the spike's rise was left
+    # as a step, dated before the step. Spikes rose as often as they fell: the fall is the spike's end
+    moves = [(1.0, 5.9), (2.0, -6.0), (3.0, 3.5), (4.0, -3.5), (5.0, 5.0), (6.0, -5.1), (7.0, 5.0), (8.0, 4.6), (9.0, -5.0)]
+    assert unmatched_rises(moves, within=0.2) == [(8.0, 4.6)]
+
+
+def test_a_tooths_wrap_gives_back_no_rise_of_its_size_where_wraps_repeat_without_rises() -> None:
+    # a slow sawtooth rises by its flank (no jump) and wraps down 1.4-1.6 each period; a 1.6 step came between two
+    # wraps. Wraps outnumber the rises of their size: the next wrap is the tooth's, and the step stays
+    moves = [(1.0, -1.5), (2.0, -1.4), (3.0, -1.6), (4.0, 1.6), (5.0, -1.6)]
+    assert unmatched_rises(moves, within=0.2) == [(4.0, 1.6)]

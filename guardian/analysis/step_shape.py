@@ -259,15 +259,19 @@ def unmatched_rises(moves: list[tuple[float, float]], within: float | None = Non
     Only a fall of its own: where falls alike repeat (a sawtooth's teeth), one of them says
     nothing of the rise before it. A fall gives back the rise closest to it in size; with
     ``within``, the newest within that of its size (a spike frees what it took, and the
-    spike's own rise is the newest: a step of about its size taken before it is not).
+    spike's own rise is the newest: a step of about its size taken before it is not), and
+    falls alike repeat only where they outnumber the rises of their size (a tooth rises
+    slowly and falls at once; spikes of one size that came and went rose as often as they fell).
     """
     falls = [-m for _, m in moves if m < 0]
+    ups = [m for _, m in moves if m > 0]
     rises: list[tuple[float, float]] = []
     for when, move in moves:
         if move > 0:
             rises.append((when, move))
             continue
-        if sum(1 for f in falls if alike(-move, f)) >= 3:
+        repeats = sum(1 for f in falls if alike(-move, f))
+        if repeats >= 3 and (within is None or repeats > sum(1 for u in ups if alike(-move, u))):
             continue
         if within is not None:
             same = [i for i, (_, r) in enumerate(rises) if abs(r + move) <= within]
