@@ -374,6 +374,50 @@ def test_a_step_held_until_a_gap_in_the_log_is_reported_though_the_memory_is_low
     assert round(step.t) == step_at and step.size == pytest.approx(1.6 * GiB, rel=0.15)
 
 
+def test_a_step_minutes_after_a_gap_the_memory_came_back_from_where_it_was_is_found_at_its_time() -> None:
+    # nvidia-smi stopped for an hour; it ran again with the memory where it was (no restart), and the leak stepped
+    # 2 minutes later. No load is to be waited out after such a gap: the step is the memory's, not a load's
+    stop, resume = 4000, 4000 + 3600
+    step_at = resume + 130
+    times = [*range(stop), *range(resume, resume + 3 * 3600)]
+    values = _noisy([(len(times), 60 * GiB)])
+    values = [v + (2.4 * GiB if t >= step_at else 0.0) for t, v in zip(times, values)]
+    det = LeakDetector(80 * GiB, 80 * GiB)
+    for t, v in zip(times, values):
+        det.update(float(t), v)
+    (step,) = det.finish(float(times[-1])).steps
+    assert step_at <= step.t <= step_at + 5 and step.size == pytest.approx(2.4 * GiB, rel=0.1)
+
+
+def test_an_engine_that_restarts_just_after_a_gap_it_came_back_from_loads_again_and_makes_no_step() -> None:
+    # the memory came back from an hour's gap where it was, and a minute later the engine restarted: its load (the
+    # weights, then the KV pool) is a load, not steps, though the level was being read again when it came
+    stop, resume = 4000, 4000 + 3600
+    times = [*range(stop), *range(resume, resume + 3 * 3600)]
+    values = _noisy([(len(times), 60 * GiB)])
+
+    def engine(t: int) -> float:
+        since = t - (resume + 60)
+        return 0.0 if since < 0 else -59 * GiB if since < 10 else -40 * GiB if since < 60 else -8 * GiB if since < 90 else 0.0
+
+    det = LeakDetector(80 * GiB, 80 * GiB)
+    for t, v in zip(times, values):
+        det.update(float(t), v + engine(t))
+    assert det.finish(float(times[-1])).steps == ()
+
+
+def test_memory_that_dips_just_after_a_gap_and_comes_back_to_where_it_was_makes_no_step() -> None:
+    # back from an hour's gap where it was, the memory dipped by 1 GiB for a minute and a half (the floor of the
+    # window read after the gap) and came back: where it was before the gap is no step
+    stop, resume = 4000, 4000 + 3600
+    times = [*range(stop), *range(resume, resume + 3 * 3600)]
+    values = _noisy([(len(times), 60 * GiB)])
+    det = LeakDetector(80 * GiB, 80 * GiB)
+    for t, v in zip(times, values):
+        det.update(float(t), v - (1 * GiB if resume + 10 <= t < resume + 100 else 0.0))
+    assert det.finish(float(times[-1])).steps == ()
+
+
 def test_a_triangle_sampled_every_minute_from_the_first_reading_makes_no_steps() -> None:
     # the log starts on a serving engine, a 21-minute triangle's rising flank first: every reading rises a
     # little more than noise; a jump held for a window less the flank's own rise is nothing

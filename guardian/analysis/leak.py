@@ -15,7 +15,10 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    ``load_jump_ratio`` of the budget between two readings later on (a long
    compile ended and the KV pool arrived) is more of the load, not a step,
    and steps found just before it go with it. Live, the daemon says when the
-   engine turned healthy (``ready``).
+   engine turned healthy (``ready``). After a gap in the readings, a load is
+   waited out only where the memory came back lower than the level it left;
+   came back no lower, the level is read again over one window (no lower
+   than it was) and steps are looked for from the first reading after the gap.
 2. **A tooth read slower than it repeats, taken off.** Where readings come
    ``unfold_interval_seconds`` apart or more, a tooth whose phase the readings
    fold by (``alias.py``) is taken off each reading, and the readings kept are
@@ -243,8 +246,10 @@ class LeakDetector:
         elif self._level is not None and value < self._level - p.restart_drop_ratio * self.budget:
             self.restart(t)
         elif t - last[0] > max(10 * self._dt, 300.0):
+            # nothing seen for a while: what rose meanwhile is not a step we can place
+            resumed = self._level is not None and value >= self._level - self._noise.jump_threshold(self._k())
             self._flush(t)
-            self._begin_load(t)  # nothing seen for a while: what rose meanwhile is not a step we can place
+            self._begin_load(t, self._window(t) if resumed else None)
         elif self._loading is None and self._level is not None:
             # a jump of a KV pool's size from one reading to the next, that stays: a load (steps
             # add up to as much only over many readings)
@@ -332,9 +337,12 @@ class LeakDetector:
 
     # -- the load ---------------------------------------------------------------------------
 
-    def _begin_load(self, t: float) -> None:
-        self._loading = Load.begin(t)
-        self._level = None
+    def _begin_load(self, t: float, resumed: float | None = None) -> None:
+        """A load begins, or (``resumed``: the window to read the level again over) readings resumed after a gap
+        where they left off; the level they left stands meanwhile, so that a restart after the gap is seen."""
+        self._loading = Load.begin(t) if resumed is None else Load.resume(t, resumed)
+        if resumed is None:
+            self._level = None
         self._candidate, self._below_since, self._jump, self._pending = None, None, None, []
         self._unproven.clear()  # what comes after a restart or a gap proves nothing of the steps before it
         self._trace.clear()
@@ -384,15 +392,25 @@ class LeakDetector:
         self._begin_load(t)
 
     def _end_load(self, t: float) -> None:
+        assert self._loading is not None
+        resumed = self._loading.since if self._loading.resumed else None
         self._loading = None
-        self._loaded_at = t
-        self._level = self._env.min_since(t - self.p.envelope_seconds)
+        if resumed is None:
+            self._loaded_at = t
+            self._level = self._env.min_since(t - self.p.envelope_seconds)
+        else:
+            # readings that resumed after a gap with no load are the floor's from their first; the level is where
+            # they left off, or higher where they resumed higher (a rise during the gap, which nothing can place).
+            # Not lower: one window's floor on a background sampled near its period is as low as its beat takes it
+            assert self._level is not None
+            self._loaded_at = resumed
+            self._level = max(self._level, self._env.min_since(resumed))
         if self._base is None:
             self._base = self._level
         # after a gap in the log the memory may be back under steps held before it (a restart unseen)
         self._end_held(t, "freed", under=self._level)
         self._touch, self._touch_floor = t, -math.inf  # the first return to the floor starts the count
-        self._quiet_since = t
+        self._quiet_since = self._loaded_at
         self._floor_t = -math.inf
 
     # -- the floor and its steps ---------------------------------------------------------------
