@@ -406,6 +406,13 @@ def test_an_engine_that_restarts_just_after_a_gap_it_came_back_from_loads_again_
     assert det.finish(float(times[-1])).steps == ()
 
 
+def test_memory_that_dips_for_half_a_minute_and_comes_back_to_where_it_was_makes_no_step() -> None:
+    # 1 GiB freed for half a minute, then taken again: the jump back is to the level, not above it
+    values = _noisy([(8000, 60 * GiB), (30, 59 * GiB), (12000, 60 * GiB)])
+    _, reports = _run(values, budget=80 * GiB, capacity=80 * GiB)
+    assert reports[-1].steps == ()
+
+
 def test_memory_that_dips_just_after_a_gap_and_comes_back_to_where_it_was_makes_no_step() -> None:
     # back from an hour's gap where it was, the memory dipped by 1 GiB for a minute and a half (the floor of the
     # window read after the gap) and came back: where it was before the gap is no step

@@ -15,10 +15,10 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    ``load_jump_ratio`` of the budget between two readings later on (a long
    compile ended and the KV pool arrived) is more of the load, not a step,
    and steps found just before it go with it. Live, the daemon says when the
-   engine turned healthy (``ready``). After a gap in the readings, a load is
+   engine turned healthy (``ready``). After a gap in the readings a load is
    waited out only where the memory came back lower than the level it left;
-   came back no lower, the level is read again over one window (no lower
-   than it was) and steps are looked for from the first reading after the gap.
+   came back no lower, steps are looked for from the first reading after the
+   gap, and the level is read again a window later (no lower than it was).
 2. **A tooth read slower than it repeats, taken off.** Where readings come
    ``unfold_interval_seconds`` apart or more, a tooth whose phase the readings
    fold by (``alias.py``) is taken off each reading, and the readings kept are
@@ -168,7 +168,8 @@ class LeakDetector:
         self._dts: deque[float] = deque(maxlen=31)
         self._dt = 1.0
         self._loading: Load | None = None  # None: loaded
-        self._loaded_at = -math.inf  # when the last load ended
+        self._loaded_at = -math.inf  # when the last load ended (or readings resumed after a gap)
+        self._reread_at: float | None = None  # when the level is read again after a gap
         self._level: float | None = None
         self._base: float | None = None
         self._touch = -math.inf
@@ -249,7 +250,10 @@ class LeakDetector:
             # nothing seen for a while: what rose meanwhile is not a step we can place
             resumed = self._level is not None and value >= self._level - self._noise.jump_threshold(self._k())
             self._flush(t)
-            self._begin_load(t, self._window(t) if resumed else None)
+            if resumed:
+                self._resume(t)
+            else:
+                self._begin_load(t)
         elif self._loading is None and self._level is not None:
             # a jump of a KV pool's size from one reading to the next, that stays: a load (steps
             # add up to as much only over many readings)
@@ -337,20 +341,42 @@ class LeakDetector:
 
     # -- the load ---------------------------------------------------------------------------
 
-    def _begin_load(self, t: float, resumed: float | None = None) -> None:
-        """A load begins, or (``resumed``: the window to read the level again over) readings resumed after a gap
-        where they left off; the level they left stands meanwhile, so that a restart after the gap is seen."""
-        self._loading = Load.begin(t) if resumed is None else Load.resume(t, resumed)
-        if resumed is None:
-            self._level = None
+    def _begin_load(self, t: float) -> None:
+        self._loading = Load.begin(t)
+        self._level, self._reread_at = None, None
+        self._start_over()
+        self._unfold.reset()
+
+    def _start_over(self) -> None:
+        """What was read from the readings before a restart or a gap proves nothing of what comes after it."""
         self._candidate, self._below_since, self._jump, self._pending = None, None, None, []
-        self._unproven.clear()  # what comes after a restart or a gap proves nothing of the steps before it
+        self._unproven.clear()
         self._trace.clear()
         self._prev2 = (None, None)
         self._excursions.reset()
         self._last_excursion, self._last_stepped = None, False
-        self._season = None  # the last life's
-        self._unfold.reset()
+        self._season = None  # read a number of readings apart, which a gap breaks
+
+    def _resume(self, t: float) -> None:
+        """Readings resumed after a gap no lower than the level they left: no restart, or one whose load was over
+        before they came back. There is no load to wait out (waiting for memory to stop rising took a step minutes
+        after the gap for part of a load): steps are looked for from the first reading, and the level is read again
+        once a window has passed (``_reread``). The tooth a fold takes off keeps its phase: no restart moved it."""
+        self._start_over()
+        self._loaded_at = self._quiet_since = self._touch = t
+        self._touch_floor, self._floor_t = -math.inf, -math.inf
+        self._reread_at = t + self._window(t)
+
+    def _reread(self, t: float) -> None:
+        """A window after readings resumed from a gap: the level is where they left off, or higher where they came
+        back higher (a rise during the gap, which nothing can place). Not lower: one window's floor on a background
+        sampled near its period is as low as its beat takes it."""
+        assert self._level is not None
+        self._reread_at = None
+        self._level = max(self._level, self._env.min_since(self._loaded_at))
+        self._candidate, self._below_since = None, None
+        # steps held to the gap (``_flush``) stand above the level: the memory back under their middle freed them
+        self._end_held(t, "freed", under=self._level)
 
     def _flush(self, t: float) -> None:
         """The series ends here (a restart, a gap): steps still in their hold count if the readings
@@ -392,25 +418,15 @@ class LeakDetector:
         self._begin_load(t)
 
     def _end_load(self, t: float) -> None:
-        assert self._loading is not None
-        resumed = self._loading.since if self._loading.resumed else None
         self._loading = None
-        if resumed is None:
-            self._loaded_at = t
-            self._level = self._env.min_since(t - self.p.envelope_seconds)
-        else:
-            # readings that resumed after a gap with no load are the floor's from their first; the level is where
-            # they left off, or higher where they resumed higher (a rise during the gap, which nothing can place).
-            # Not lower: one window's floor on a background sampled near its period is as low as its beat takes it
-            assert self._level is not None
-            self._loaded_at = resumed
-            self._level = max(self._level, self._env.min_since(resumed))
+        self._loaded_at = t
+        self._level = self._env.min_since(t - self.p.envelope_seconds)
         if self._base is None:
             self._base = self._level
         # after a gap in the log the memory may be back under steps held before it (a restart unseen)
         self._end_held(t, "freed", under=self._level)
         self._touch, self._touch_floor = t, -math.inf  # the first return to the floor starts the count
-        self._quiet_since = self._loaded_at
+        self._quiet_since = t
         self._floor_t = -math.inf
 
     # -- the floor and its steps ---------------------------------------------------------------
@@ -482,8 +498,10 @@ class LeakDetector:
         self._trace.append((t, floor))
         while self._trace[0][0] < t - 2 * (window + p.hold_seconds):
             self._trace.popleft()
+        if self._reread_at is not None and t >= self._reread_at:
+            self._reread(t)
         new = self._held_jump(t, value, k, window) or self._periodic_step(t, window)
-        if new:
+        if new or self._reread_at is not None:  # until the level is read again, a floor off it may be a rise in the gap
             return self._report(t, new)
         hold = max(p.hold_seconds, window / 2)
         c = self._candidate
@@ -524,7 +542,8 @@ class LeakDetector:
         """
         assert self._level is not None
         tau = self._noise.jump_threshold(k)
-        move = value - self._raw[-2][1] if len(self._raw) >= 2 else 0.0
+        # (a move across a gap is none: what rose meanwhile is not a step we can place)
+        move = value - self._raw[-2][1] if len(self._raw) >= 2 and self._raw[-2][0] >= self._loaded_at else 0.0
         if move > tau:
             self._pending.append((t, value - move, move))
         # a fall where spikes come and go (as jumps were given back lately, before this reading), or of the size of
@@ -574,6 +593,8 @@ class LeakDetector:
         earlier = [v for s, v in self._raw if when - window <= s < when]
         drift = median(b - a for a, b in zip(earlier, earlier[1:])) if len(earlier) > 2 else 0.0
         rise -= max(0.0, drift)
+        if before < self._level - k:  # from a dip under the level: only what it rose above the level is a step
+            rise = before + rise - self._level
         if rise < tau:
             return ()  # the background's own rise, read a reading at a time (a flank sampled slowly)
         if self._season is None and before <= self._level + k:  # rose from the level (not from a spike's top)

@@ -20,19 +20,10 @@ class Load:
     creep: float = -math.inf
     rise_t: float = -math.inf
     creep_t: float = -math.inf
-    resumed: float = 0.0  # > 0: no load, readings resumed after a gap: the level is read again over this long
 
     @classmethod
     def begin(cls, t: float) -> Load:
         return cls(since=t, rise_t=t, creep_t=t)
-
-    @classmethod
-    def resume(cls, t: float, window: float) -> Load:
-        """Readings resumed after a gap in the log no lower than the level they left: no restart, or one whose
-        load was over before they came back. There is nothing to wait out: waiting for memory to stop rising
-        would take a step that comes minutes after the gap for part of a load. Only the level is read again,
-        over one window (the first reading may sit anywhere on the background)."""
-        return cls(since=t, rise_t=t, creep_t=t, resumed=window)
 
     def over(self, t: float, value: float, k: float, budget: float,
              settle_seconds: float, envelope_seconds: float, warmup_seconds: float) -> bool:  # fmt: skip
@@ -41,8 +32,6 @@ class Load:
         The big rises are the load's phases (weights, KV pool) with pauses for profiling and
         compiling between them; the small ones its CUDA graphs, captured last.
         """
-        if self.resumed:
-            return t - self.since >= self.resumed
         if value > self.top + max(k, 0.01 * budget):
             self.top, self.rise_t = value, t
         if value > self.creep + k:
