@@ -363,8 +363,7 @@ class LeakDetector:
         after the gap for part of a load): steps are looked for from the first reading, and the level is read again
         once a window has passed (``_reread``). The tooth a fold takes off keeps its phase: no restart moved it."""
         self._start_over()
-        self._loaded_at = self._quiet_since = self._touch = t
-        self._touch_floor, self._floor_t = -math.inf, -math.inf
+        self._floor_from(t)
         self._reread_at = t + self._window(t)
 
     def _reread(self, t: float) -> None:
@@ -374,7 +373,6 @@ class LeakDetector:
         assert self._level is not None
         self._reread_at = None
         self._level = max(self._level, self._env.min_since(self._loaded_at))
-        self._candidate, self._below_since = None, None
         # steps held to the gap (``_flush``) stand above the level: the memory back under their middle freed them
         self._end_held(t, "freed", under=self._level)
 
@@ -419,15 +417,18 @@ class LeakDetector:
 
     def _end_load(self, t: float) -> None:
         self._loading = None
-        self._loaded_at = t
+        self._floor_from(t)
         self._level = self._env.min_since(t - self.p.envelope_seconds)
         if self._base is None:
             self._base = self._level
         # after a gap in the log the memory may be back under steps held before it (a restart unseen)
         self._end_held(t, "freed", under=self._level)
-        self._touch, self._touch_floor = t, -math.inf  # the first return to the floor starts the count
-        self._quiet_since = t
-        self._floor_t = -math.inf
+
+    def _floor_from(self, t: float) -> None:
+        """The readings from ``t`` are the floor's (a load ended, or readings resumed after a gap): what they show is
+        looked for from there, and their first return to the floor starts the count of the background's period."""
+        self._loaded_at = self._quiet_since = self._touch = t
+        self._touch_floor, self._floor_t = -math.inf, -math.inf
 
     # -- the floor and its steps ---------------------------------------------------------------
 
