@@ -49,7 +49,10 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    at once (on a slow sawtooth a period before the floor shows it), unless
    jumps like it were given back lately (spikes, an aliased sawtooth) or
    the background's period places the step elsewhere (a tooth's wrap that
-   a step held up) or has found it already (below). Where the readings
+   a step held up) or has found it already (below); a jump back from a dip
+   (the readings fell under the level at once and came back to where they
+   fell from) is a step only by what it rose above the level, one from a
+   trough the readings sank to by degrees by all of it. Where the readings
    repeat with a period (in readings, however the sampling aliases it:
    ``step_shape.period_lag``, refitted every 300 readings or half an
    hour; two readings where a tooth read every two and a half periods
