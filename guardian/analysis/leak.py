@@ -597,7 +597,7 @@ class LeakDetector:
         earlier = [v for s, v in self._raw if when - window <= s < when]
         drift = median(b - a for a, b in zip(earlier, earlier[1:])) if len(earlier) > 2 else 0.0
         rise -= max(0.0, drift)
-        if before < self._level - k and self._dipped(when, before + rise, k, tau, window):
+        if before < self._level - k and self._dipped(earlier, before + rise, k, tau):
             rise = before + rise - self._level  # only what it rose above the level is a step
         if rise < tau:
             return ()  # the background's own rise, read a reading at a time (a flank sampled slowly)
@@ -622,15 +622,14 @@ class LeakDetector:
         self._add(step)
         return (step,)
 
-    def _dipped(self, when: float, top: float, k: float, tau: float, window: float) -> bool:
-        """The readings before the jump at ``when`` (to ``top``) were a dip under the level: they fell into it at once
-        from the level, stayed under it, and the jump came back to where they fell from. Not a trough the background
-        sank to (a sawtooth's, under a level a step's jump raised): that the readings reached by degrees, or by a
-        tooth's wrap from far above where the jump rises to."""
+    def _dipped(self, earlier: list[float], top: float, k: float, tau: float) -> bool:
+        """The readings of the window before a jump (``earlier``, oldest first; the jump rose to ``top``) were a dip
+        under the level: they fell into it at once from the level, stayed under it, and the jump came back to where
+        they fell from. Not a trough the background sank to (a sawtooth's, under a level a step's jump raised): that
+        the readings reached by degrees, or by a tooth's wrap from far above where the jump rises to."""
         assert self._level is not None
         under = self._level - k
-        earlier = [(s, v) for s, v in self._raw if when - window <= s < when]
-        for (_, a), (_, b) in itertools.pairwise(reversed(earlier)):  # newest first: b is the older reading
+        for a, b in itertools.pairwise(reversed(earlier)):  # newest first: b is the older reading
             if b >= under:
                 return b - a > tau and top >= b - k
         return False
