@@ -72,7 +72,9 @@ def change_point(
     higher sits on an excursion the old readings may not have shown: a spike that
     held the step inside it) and, where the readings repeat themselves, the next
     one is above the top too (one alone may be noise: the top's margin is at most
-    half the step). Without such a reading, the first of two on the new level, in doubt:
+    half the step). Without a period read, the top is at least where noise on the old level reaches, and a top
+    that spikes set proves nothing (a reading over it is the next spike's). Without such a reading, the first of
+    two on the new level, in doubt:
     on a tooth aliased by slow sampling the new floor is often a reading from before
     the step, and the proof comes with the tooth's next high phase.
     Where the background has a period, the period dates it first (``seasonal_change``). Where the readings
