@@ -118,8 +118,8 @@ def change_point(
         doubt = Doubt(start, max(high + margin, reach, held), size)
         # a top that spikes set (readings far over their middle, and far fewer than under it: a tooth spreads both
         # ways alike) proves nothing: a reading over it is the next spike's, of about one height
-        spiky = season is None and high - old_middle > 3 * max(old_middle - before[(n - 1) // 50], sigma)
-        proved = None if spiky else proof(raw, doubt)
+        spike_top = season is None and high - old_middle > 3 * max(old_middle - before[(n - 1) // 50], sigma)
+        proved = None if spike_top else proof(raw, doubt)
         if proved is not None:
             # only where the old readings are noise: a tooth's readings before its proof are its phases, not a level
             noise = season is None and high - old_middle <= 3 * sigma
