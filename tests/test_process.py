@@ -55,7 +55,9 @@ def test_the_numbers_read_from_proc_are_the_ones_psutil_gives(tree: subprocess.P
 
 
 def test_a_zombie_in_the_tree_reads_as_not_alive(tmp_path: Path) -> None:
-    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(['true']); time.sleep(60)"])
+    # the parent forks a child that exits at once and never waits for it. Not subprocess.Popen(['true']): the
+    # Popen object's finaliser reaps a child that has already exited, so on a loaded machine there was no zombie
+    parent = subprocess.Popen([sys.executable, "-c", "import os, time\nif os.fork() == 0:\n    os._exit(0)\ntime.sleep(60)"])
     try:
         # the child has exited and is not reaped: a zombie (waited for, not slept on: a loaded machine starts the
         # parent's interpreter late)
