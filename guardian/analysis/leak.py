@@ -626,8 +626,8 @@ class LeakDetector:
         """The jump held a window (when, before, rise), or where a second of its size came within a hold of it,
         while the first was up, and a fall of that size since gave one of the two back at once, that second one, from
         where the first rose, by what the readings kept. A spike and a step taken while it was up, or a step and a
-        spike on it: the readings cannot tell which; erring late (by a hold at most), the step is the second. (A tooth
-        gives back by degrees.)"""
+        spike on it: the readings cannot tell which; erring late (by a hold at most), the step is the second, and is
+        taken off the pending jumps here. (A tooth gives back by degrees.)"""
         when, before, rise = jump
         if self._season is not None:
             return jump  # jumps where the readings repeat are teeth
