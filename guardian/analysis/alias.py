@@ -80,6 +80,12 @@ class Unfolder:
         a phase no one knows (a step read from them is dated by where the tooth happened to be)."""
         return self._known is not None and not self._tried
 
+    @property
+    def hidden(self) -> float:
+        """How tall a tooth the readings may carry that is not taken off them: the last life's, until this life's
+        is looked for (0 otherwise)."""
+        return self._known.amplitude if self._known is not None and not self._tried else 0.0
+
     def correct(self, t: float, value: float, repeats: bool) -> float:
         """``value`` less the tooth at ``t``; ``repeats``: the readings were seen to repeat (only then is a
         tooth looked for: the search is the costly part)."""

@@ -106,6 +106,7 @@ import itertools
 import math
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from statistics import median, median_high
 
@@ -402,9 +403,12 @@ class LeakDetector:
         rises = [(when, rise) for when, rise in kept
                  if rise > 0 and t - when >= (long_aged if spiky and self._jump_back >= 0.5 * rise
                                               and not came_down(raw, when, rise) else aged)]  # fmt: skip
-        if self._season is not None:  # a tooth's wrap is a jump that the wrap a period before explains
-            rises = [(when, rise) for when, rise in rises if self._shows(when, rise)]
-        for step in _staircase(held_rises(rises, raw, self._level), self._level, t):
+        # the readings after a restart carry the last life's tooth until it is looked for again: a rise no taller
+        # than it may be its flank or wrap
+        rises = [(when, rise) for when, rise in rises if rise > self._unfold.hidden]
+        # a tooth's wrap is a jump that the wrap a period before explains
+        shown = self._shows if self._season is not None else None
+        for step in _staircase(held_rises(rises, raw, self._level, shown), self._level, t):
             self._add(step)
         self._candidate = None
 
@@ -898,9 +902,10 @@ class LeakDetector:
                 return True
         return False
 
-    def _shows(self, t: float, size: float) -> bool:
+    def _shows(self, t: float, size: float, also: Sequence[tuple[float, float]] = ()) -> bool:
         """The reading at ``t`` is above the one a period before it by half of ``size``: a step's jump, not a
-        tooth's wrap (which the wrap a period before explains)."""
+        tooth's wrap (which the wrap a period before explains). ``also``: rises (when, size) held besides the
+        steps found (found with this one)."""
         assert self._season is not None
         raw, lag = self._raw, self._season.lag
         i = self._first_at(t)
@@ -908,7 +913,8 @@ class LeakDetector:
         # reading either side
         near = (0,) if self._season.repeats and not self._smooth(i - lag, size) else (-1, 0, 1)
         return lag - near[0] <= i < len(raw) and all(
-            raw[i][1] - raw[i - lag + d][1] - self._held_between(raw[i - lag + d][0], t) > 0.5 * size for d in near
+            raw[i][1] - raw[i - lag + d][1] - self._held_between(raw[i - lag + d][0], t, also) > 0.5 * size
+            for d in near
         )
 
     def _smooth(self, i: int, size: float) -> bool:
@@ -920,12 +926,12 @@ class LeakDetector:
         moves = [abs(raw[j][1] - raw[j - 1][1]) for j in range(max(1, i - self._season.lag), i)]
         return bool(moves) and median_high(moves) < 0.25 * size
 
-    def _held_between(self, start: float, end: float) -> float:
-        """What the steps held, dated after ``start`` and before ``end``, lifted the readings by: a reading a
-        period before a step, lifted by the steps between, is the one the step rose from."""
+    def _held_between(self, start: float, end: float, also: Sequence[tuple[float, float]] = ()) -> float:
+        """What the steps held (and the rises ``also``), dated after ``start`` and before ``end``, lifted the
+        readings by: a reading a period before a step, lifted by the steps between, is the one the step rose from."""
         steps, when = self._steps, lambda s: s.t
         between = steps[bisect_right(steps, start, key=when) : bisect_left(steps, end, key=when)]
-        return sum(s.size for s in between if s.given_back_at is None)
+        return sum(s.size for s in between if s.given_back_at is None) + sum(r for w, r in also if start < w < end)
 
     def _wrap(self, t: float, size: float) -> bool:
         """The jump into the reading at ``t`` is a tooth's wrap: the period reaches back from it, and the wrap a

@@ -16,12 +16,19 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 Readings = Sequence[tuple[float, float]]
 
 
-def held_rises(rises: Iterable[tuple[float, float]], raw: Readings, level: float) -> list[tuple[float, float]]:
+Shown = Callable[[float, float, Sequence[tuple[float, float]]], bool]
+
+
+def held_rises(
+    rises: Iterable[tuple[float, float]], raw: Readings, level: float, shown: Shown | None = None
+) -> list[tuple[float, float]]:
     """The rises the readings kept (never falling back below half of one, over the floor so far);
-    a spike's jump is given back."""
-    held, floor = [], level
+    a spike's jump is given back. ``shown``, where given, must also take each rise, given those held before it
+    (a rise a tooth's period after one of them is measured from over it)."""
+    held: list[tuple[float, float]] = []
+    floor = level
     for when, rise in rises:
-        if min(v for s, v in raw if s >= when) >= floor + 0.5 * rise:
+        if (shown is None or shown(when, rise, held)) and min(v for s, v in raw if s >= when) >= floor + 0.5 * rise:
             held.append((when, rise))
             floor += rise
     return held
