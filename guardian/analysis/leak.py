@@ -552,6 +552,9 @@ class LeakDetector:
         tau = self._noise.jump_threshold(k)
         # (a move across a gap is none: what rose meanwhile is not a step we can place)
         move = value - self._raw[-2][1] if len(self._raw) >= 2 and self._raw[-2][0] >= self._loaded_at else 0.0
+        if self._one_noisy_reading(value):
+            self._pending.pop()
+            move = 0.0  # and its fall is no spike's
         if move > tau:
             self._pending.append((t, value - move, move))
         # a fall where spikes come and go (as jumps were given back lately, before this reading), or of the size of
@@ -625,6 +628,15 @@ class LeakDetector:
         self._noise.floors.clear()
         self._add(step)
         return (step,)
+
+    def _one_noisy_reading(self, value: float) -> bool:
+        """The newest jump, into the reading before ``value``, was given back by it (to under half of the jump over
+        where it rose from): noise on one reading, where readings come seconds apart. A step's memory stays
+        allocated, and such readings see a background's wrap once a period, not at every jump."""
+        if not self._pending or self._season is not None or self._dt >= self.p.unfold_interval_seconds:
+            return False
+        when, before, rise = self._pending[-1]
+        return when == self._raw[-2][0] and value < before + 0.5 * rise
 
     def _later_of_alike(self, jump: tuple[float, float, float]) -> tuple[float, float, float]:
         """The jump held a window (when, before, rise), or where a second of its size came within a hold of it,
