@@ -84,7 +84,10 @@ class Unfolder:
     def hidden(self) -> float:
         """How tall a tooth the readings may carry that is not taken off them: the last life's, until this life's
         is looked for (0 otherwise)."""
-        return self._known.amplitude if self._known is not None and not self._tried else 0.0
+        if not self.refinding:
+            return 0.0
+        assert self._known is not None  # refinding: the last life had one
+        return self._known.amplitude
 
     def correct(self, t: float, value: float, repeats: bool) -> float:
         """``value`` less the tooth at ``t``; ``repeats``: the readings were seen to repeat (only then is a
