@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from guardian.commands import analyze
 from guardian.record import SampleRecorder
 from guardian.sample import GpuReading, NvmlReading, Sample
 from guardian.sim import smi_logs, traces
@@ -784,3 +786,25 @@ def test_a_step_inside_a_tall_spike_is_not_dated_at_the_spikes_start_by_a_short_
     by many times the step rose by something else (a spike, the step perhaps inside it): it dates nothing."""
     log = smi_logs.generate(300081, 60, "spikes", 0.005)  # a seeded log of the benchmark's held-out set
     _assert_dated_at_its_step(tmp_path, log, 3, 1772592004, 120)
+
+
+def test_the_spikes_a_generated_log_tells_are_the_ones_its_readings_show(tmp_path: Path) -> None:
+    """The benchmark tells an early report made where a spike ended as a step began from the rest by the spikes the
+    generator says it drew: each, where no step, load or restart came near it, lifts the readings by its height while
+    it lasts."""
+    log = smi_logs.generate(300083, 60, "spikes", 0.02)  # a seeded log of the benchmark's held-out set
+    truth = log.gpus[4]
+    (tmp_path / "smi.csv").write_text(log.text)
+    series, _ = analyze.read([tmp_path / "smi.csv"])
+    (gpu,) = [s for s in series if s.gpu == "4"]
+    readings = list(zip(gpu.times, gpu.used))
+    events = [s.t for s in truth.steps] + truth.restarts + [a for a, _ in truth.loads]
+    alone = [(a, b, h) for a, b, h in truth.spikes if b - a > 240 and not any(a - 180 < e < b + 180 for e in events)]
+    lifts = []
+    for a, b, height in alone:
+        inside = [v for t, v in readings if a + 60 < t < b - 60]
+        before = [v for t, v in readings if a - 180 < t < a]
+        if inside and before:  # not in a gap of the log
+            lifts.append((statistics.median(inside) - statistics.median(before), height))
+    assert len(lifts) > 20
+    assert all(abs(lift - height) < 0.002 * truth.total for lift, height in lifts)

@@ -65,6 +65,7 @@ class GpuTruth:
     loads: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of each model load
     episodes: list[tuple[float, float | None]] = field(default_factory=list)  # leak present: first step → restart
     period: float = 0.0  # of a sawtooth background, seconds
+    spikes: list[tuple[float, float, float]] = field(default_factory=list)  # (start, end, height) while an engine ran
 
     @property
     def leak(self) -> bool:
@@ -125,6 +126,7 @@ def generate(
         truth.restarts = [T0 + r for r in truth.restarts]
         truth.loads = [(T0 + a, T0 + b) for a, b in truth.loads]
         truth.episodes = [(T0 + a, None if b is None else T0 + b) for a, b in truth.episodes]
+        truth.spikes = [(T0 + a, T0 + b, h) for a, b, h in truth.spikes]
     name = f"{background}-l{interval:g}-{step_ratio:.1%}-s{seed}"
     return Log(name, interval, T0, T0 + length, text, truths, rows, cut, [(T0 + a, T0 + b) for a, b in gaps])
 
@@ -177,6 +179,8 @@ def _gpu(
         times = [s for s, _ in run.steps]
         if any(sum(1 for u in times if s <= u <= s + LEAK_WINDOW) >= LEAK_STEPS for s in times):
             truth.episodes.append((times[0], freed))
+        ready = run.start + run.load
+        truth.spikes += [(ready + a, min(ready + b, run.end), h) for a, b, h in bg.spikes if ready + a < run.end]
     return truth, runs, bg
 
 
