@@ -54,7 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from guardian.commands import analyze  # noqa: E402
+from guardian.commands import analyze, memory_logs  # noqa: E402
 from guardian.analysis.leak_rule import LeakParams  # noqa: E402
 from guardian.sim import smi_logs  # noqa: E402
 
@@ -101,7 +101,7 @@ def score_log(args: tuple[int, float, str, float]) -> tuple[tuple[float, str, fl
         path = Path(tmp) / "smi.csv"
         path.write_text(log.text)
         started = time.process_time()
-        series, _problems = analyze.read([path])
+        series, _problems = memory_logs.read([path])
         verdicts = analyze.analyze(series, LeakParams())
         cpu = time.process_time() - started
     every, big = Score(rows=log.rows, cpu=cpu), Score()

@@ -64,9 +64,10 @@ def _parser() -> argparse.ArgumentParser:
 
     analyze = sub.add_parser(
         "analyze",
-        help="look for stepwise leaks in nvidia-smi CSV logs or guardian record files",
+        help="look for stepwise leaks in nvidia-smi logs or guardian record files",
         description="Run the leak detector over logs: nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total"
-        "[,utilization.gpu] --format=csv[,noheader][,nounits] -l 1 output, or files from guardian run --record. "
+        "[,utilization.gpu] --format=csv[,noheader][,nounits] -l N output (the GPU named by index, uuid or pci.bus_id), "
+        "plain nvidia-smi -l N output (its tables), or files from guardian run --record. "
         "Prints a verdict per GPU. Exit status: 0 no leak, 1 a leak, 2 nothing usable in the input.",
     )
     analyze.add_argument("files", nargs="+", type=Path, metavar="FILE")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from guardian.commands import analyze
+from guardian.commands import analyze, memory_logs
 from guardian.record import SampleRecorder
 from guardian.sample import GpuReading, NvmlReading, Sample
 from guardian.sim import smi_logs, traces
@@ -39,6 +39,49 @@ def _smi(path: Path, gpus: dict[int, traces.Trace], header: bool, units: bool, u
             if util:
                 row += ", 87 %" if units else ", 87"
             lines.append(row)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _smi_table(path: Path, gpus: dict[int, traces.Trace], processes: bool = True) -> Path:
+    """A log exactly as plain ``nvidia-smi -l 1`` writes it (driver 535's layout): a table a second, each GPU's
+    memory on the line after its index, then the MIG instances' and the processes' memory, which are not the card's."""
+    rule = "+-----------------------------------------+----------------------+----------------------+"
+    lines = []
+    length = len(next(iter(gpus.values())).values)
+    for i in range(length):
+        lines += [
+            datetime.fromtimestamp(T0 + i, timezone.utc).strftime("%a %b %e %H:%M:%S %Y") + "       ",
+            "+---------------------------------------------------------------------------------------+",
+            "| NVIDIA-SMI 535.104.05             Driver Version: 535.104.05   CUDA Version: 12.2     |",
+            "|-----------------------------------------+----------------------+----------------------+",
+            "| GPU  Name                 Persistence-M | Bus-Id        Disp.A | Volatile Uncorr. ECC |",
+            "| Fan  Temp   Perf          Pwr:Usage/Cap |         Memory-Usage | GPU-Util  Compute M. |",
+            "|                                         |                      |               MIG M. |",
+            "|=========================================+======================+======================|",
+        ]
+        for index, trace in gpus.items():
+            used, total = int(trace.values[i] / MIB), int(trace.capacity / MIB)
+            lines += [
+                f"|   {index}  NVIDIA H100 80GB HBM3          On  | 00000000:{0x18 + index:02X}:00.0 Off |                    0 |",
+                f"| N/A   34C    P0              69W / 700W | {f'{used}MiB / {total}MiB':>20} |     87%      Default |",
+                "|                                         |                      |             Disabled |",
+                rule,
+            ]
+        if processes:
+            lines += [
+                "",
+                "+---------------------------------------------------------------------------------------+",
+                "| MIG devices:                                                                          |",
+                "+------------------+--------------------------------+-----------+-----------------------+",
+                "|  0    1   0   0  |              11MiB /  9984MiB  | 14      0 |  1   0    0    0    0 |",
+                "+---------------------------------------------------------------------------------------+",
+                "| Processes:                                                                            |",
+                "|  GPU   GI   CI        PID   Type   Process name                            GPU Memory |",
+                "|=======================================================================================|",
+                "|    0   N/A  N/A     12345      C   python                                    70000MiB |",
+                "+---------------------------------------------------------------------------------------+",
+            ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -73,6 +116,59 @@ def test_every_nvidia_smi_format_gives_the_same_verdict(
         got = datetime.strptime(step["at"], "%Y-%m-%d %H:%M:%S")
         assert abs((got - datetime.strptime(want, "%Y-%m-%d %H:%M:%S")).total_seconds()) <= 10
         assert step["size_bytes"] == pytest.approx(0.01 * leak_and_healthy[0].budget, rel=0.2)
+
+
+def test_plain_nvidia_smi_tables_give_the_verdict_their_csv_gives(
+    tmp_path: Path, leak_and_healthy: dict[int, traces.Trace]
+) -> None:
+    table = _analyze(str(_smi_table(tmp_path / "smi.log", leak_and_healthy)), "--json")
+    csv_ = _analyze(str(_smi(tmp_path / "smi.csv", leak_and_healthy, True, True, False)), "--json")
+    assert table.returncode == 1 == csv_.returncode, table.stderr
+    assert table.stderr == ""  # the MIG instances' and the processes' memory lines are no GPU's and no problem
+    got, want = json.loads(table.stdout), json.loads(csv_.stdout)
+    assert [g["gpu"] for g in got] == ["0", "1"] and [g["total_bytes"] for g in got] == [g["total_bytes"] for g in want]
+    for g, w in zip(got, want):
+        assert g["leak"] == w["leak"]
+        assert [(s["at"], s["given_back"]) for s in g["steps"]] == [(s["at"], s["given_back"]) for s in w["steps"]]
+
+
+def test_a_table_cut_off_before_its_memory_line_is_reported_and_the_rest_read(tmp_path: Path) -> None:
+    path = _smi_table(tmp_path / "smi.log", {0: traces.flat(1200, seed=1)}, processes=False)
+    lines = path.read_text().splitlines()
+    cut = max(i for i, line in enumerate(lines) if "MiB /" in line)
+    path.write_text("\n".join(lines[:cut]) + "\n" + lines[cut][:30])  # nvidia-smi killed mid-write
+    result = _analyze(str(path))
+    assert result.returncode == 0, result.stderr
+    assert f"smi.log:{cut + 1}: last line cut off mid-write" in result.stderr
+    assert f"smi.log:{cut}: GPU 0 has no memory line" in result.stderr
+    assert "1199 samples" in result.stdout
+
+
+@pytest.mark.parametrize("column", ["uuid", "pci.bus_id"])
+def test_a_gpu_named_by_uuid_or_bus_id_instead_of_index_is_read(
+    tmp_path: Path, leak_and_healthy: dict[int, traces.Trace], column: str
+) -> None:
+    log = _smi(tmp_path / "smi.csv", leak_and_healthy, True, True, False)
+    names = {0: "GPU-2f6d8b1e-0000-4a6e-9d1c-1b2d3e4f5a6b", 1: "00000000:2A:00.0"} if column == "uuid" else {0: "00000000:18:00.0", 1: "00000000:2A:00.0"}
+    lines = log.read_text().splitlines()
+    rows = [line.split(", ") for line in lines[1:]]
+    log.write_text("\n".join([lines[0].replace("index", column)] + [", ".join([r[0], names[int(r[1])], *r[2:]]) for r in rows]) + "\n")
+    result = _analyze(str(log), "--json")
+    assert result.returncode == 1, result.stderr
+    by_gpu = {g["gpu"]: g["leak"] for g in json.loads(result.stdout)}
+    assert by_gpu == {names[0]: True, names[1]: False}
+
+
+def test_gpus_no_column_names_are_told_apart_by_their_order_in_each_poll(
+    tmp_path: Path, leak_and_healthy: dict[int, traces.Trace]
+) -> None:
+    log = _smi(tmp_path / "smi.csv", leak_and_healthy, True, True, False)
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join([lines[0].replace(" index,", "")] + [line.replace(f", {line.split(', ')[1]},", ",", 1) for line in lines[1:]]) + "\n")
+    result = _analyze(str(log), "--json")
+    assert result.returncode == 1, result.stderr
+    assert "smi.csv:1: no column names the GPU (index, uuid or pci.bus_id)" in result.stderr
+    assert [(g["gpu"], g["leak"]) for g in json.loads(result.stdout)] == [("0", True), ("1", False)]
 
 
 def test_text_verdict_names_steps_and_exhaustion(tmp_path: Path, leak_and_healthy: dict[int, traces.Trace]) -> None:
@@ -795,7 +891,7 @@ def test_the_spikes_a_generated_log_tells_are_the_ones_its_readings_show(tmp_pat
     log = smi_logs.generate(300083, 60, "spikes", 0.02)  # a seeded log of the benchmark's held-out set
     truth = log.gpus[4]
     (tmp_path / "smi.csv").write_text(log.text)
-    series, _ = analyze.read([tmp_path / "smi.csv"])
+    series, _ = memory_logs.read([tmp_path / "smi.csv"])
     (gpu,) = [s for s in series if s.gpu == "4"]
     readings = list(zip(gpu.times, gpu.used))
     events = [s.t for s in truth.steps] + truth.restarts + [a for a, _ in truth.loads]

@@ -1,49 +1,22 @@
-"""``guardian analyze``: the leak detector over logs operators already have.
-
-Reads ``nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total[,utilization.gpu]
---format=csv[,noheader][,nounits] -l 1`` output (with or without the header,
-with or without units, headers repeated where logs were concatenated) and
-guardian's own record files (``guardian run --record``). A row that cannot be
-read is reported with its file and line and skipped; it never ends the run.
+"""``guardian analyze``: the leak detector over logs operators already have (``memory_logs`` reads them),
+a verdict per GPU over the whole log, as text, JSON or a plot.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
-import math
 import sys
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from guardian.analysis.leak import LeakDetector
 from guardian.analysis.leak_rule import Episode, LeakParams, LeakReport, Step, episodes
+from guardian.commands.memory_logs import GiB, Series, read
 from guardian.commands.plotting import PlotUnavailable, pyplot
-
-MiB = 2**20
-GiB = 2**30
-_QUERY_ORDER = ("timestamp", "index", "memory.used", "memory.total", "utilization.gpu")
-_UNITS: dict[str, float] = {"mib": MiB, "gib": GiB, "kib": 1024, "b": 1, "mb": 10**6, "gb": 10**9}
-
-
-@dataclass
-class Series:
-    gpu: str
-    source: str
-    times: list[float] = field(default_factory=list)  # unix seconds
-    used: list[float] = field(default_factory=list)  # bytes
-    totals: Counter[float] = field(default_factory=Counter)  # memory.total as the rows give it
-
-    @property
-    def total(self) -> float | None:
-        """The card's memory: the value most rows agree on (a row cut while written gives another)."""
-        return self.totals.most_common(1)[0][0] if self.totals else None
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -65,158 +38,6 @@ class Verdict:
 
 class InputError(ValueError):
     """Nothing in the input could be used."""
-
-
-# -- reading ---------------------------------------------------------------------
-
-
-def read(paths: list[Path]) -> tuple[list[Series], list[str]]:
-    """All GPUs' series from all files, and the problems met on the way (file:line: why)."""
-    series: dict[tuple[str, str], Series] = {}
-    problems: list[str] = []
-    for path in paths:
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            problems.append(f"{path}: cannot read: {exc.strerror or exc}")
-            continue
-        first = next((line for line in text.splitlines() if line.strip()), "")
-        reader = _read_jsonl if first.lstrip().startswith("{") else _read_csv
-        reader(path, text, series, problems)
-    for s in series.values():  # a log may be unsorted when files were concatenated
-        order = sorted(range(len(s.times)), key=s.times.__getitem__)
-        s.times = [s.times[i] for i in order]
-        s.used = [s.used[i] for i in order]
-    return [s for s in series.values() if s.times], problems
-
-
-def _read_csv(path: Path, text: str, series: dict[tuple[str, str], Series], problems: list[str]) -> None:
-    columns: list[str] | None = None
-    units: list[float | None] = []
-    lines = text.splitlines()
-    if lines and not text.endswith(("\n", "\r")):
-        # nvidia-smi writes a row and its newline at once: a last line without one was cut off mid-write
-        problems.append(f"{path}:{len(lines)}: last line cut off mid-write, skipped: {lines[-1][:80]!r}")
-        lines.pop()
-    for lineno, row in enumerate(csv.reader(lines, skipinitialspace=True), 1):
-        if not row or not "".join(row).strip():
-            continue
-        if row[0].strip().lower().startswith("timestamp"):
-            columns, units = _header(row)
-            missing = {"timestamp", "index", "memory.used"} - set(columns)
-            if missing:
-                problems.append(f"{path}:{lineno}: header lacks {', '.join(sorted(missing))}; rows skipped until the next header")
-                columns = []
-            continue
-        if columns is None:  # no header: the query's order, as wide as the first row
-            columns = list(_QUERY_ORDER[: len(row)])
-        names = columns
-        if not names:
-            continue
-        if len(row) != len(names):
-            problems.append(f"{path}:{lineno}: {len(row)} fields, expected {len(names)}: {','.join(row)[:80]!r}")
-            continue
-        try:
-            values = dict(zip(names, row))
-            t = _timestamp(values["timestamp"])
-            gpu = values["index"].strip()
-            unit = units[names.index("memory.used")] if units else None
-            used = _bytes(values["memory.used"], unit)
-            total = _bytes(values["memory.total"], units[names.index("memory.total")] if units else None) if "memory.total" in values else None
-        except (ValueError, KeyError) as exc:
-            problems.append(f"{path}:{lineno}: {exc}")
-            continue
-        s = series.setdefault((str(path), gpu), Series(gpu=gpu, source=str(path)))
-        s.times.append(t)
-        s.used.append(used)
-        if total is not None:
-            s.totals[total] += 1
-
-
-def _header(row: list[str]) -> tuple[list[str], list[float | None]]:
-    names: list[str] = []
-    units: list[float | None] = []
-    for cell in row:
-        cell = cell.strip()
-        name, _, unit = cell.partition(" [")
-        names.append(name.strip().lower())
-        units.append(_UNITS.get(unit.rstrip("]").strip().lower()) if unit else None)
-    return names, units
-
-
-_DAYS: dict[str, float] = {}
-
-
-def _timestamp(text: str) -> float:
-    text = text.strip()
-    # nvidia-smi's own "2024/05/01 12:34:56.789", a million times: the day parsed once
-    if len(text) >= 19 and text[4] == "/" and text[10] == " " and text[13] == ":" and text[16] == ":":
-        day = _DAYS.get(text[:10])
-        if day is None:
-            try:
-                day = _DAYS[text[:10]] = datetime.strptime(text[:10], "%Y/%m/%d").replace(tzinfo=timezone.utc).timestamp()
-            except ValueError:
-                day = None
-        if day is not None and text[11:13].isdigit() and text[14:16].isdigit() and text[17:19].isdigit():
-            h, m, sec = int(text[11:13]), int(text[14:16]), int(text[17:19])
-            frac = text[19:]
-            if h < 24 and m < 60 and sec < 61 and (not frac or (frac[0] == "." and frac[1:].isdigit())):
-                return day + h * 3600 + m * 60 + sec + (float(frac) if frac else 0.0)
-    for fmt in ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S.%f"):
-        try:
-            return datetime.strptime(text, fmt).replace(tzinfo=timezone.utc).timestamp()
-        except ValueError:
-            continue
-    raise ValueError(f"timestamp {text[:40]!r} is not like 2024/05/01 12:34:56.789")
-
-
-def _bytes(text: str, header_unit: float | None) -> float:
-    """'12345 MiB' or '12345' (nounits: the header's unit, MiB when there is none)."""
-    text = text.strip()
-    number, _, unit = text.partition(" ")
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(f"memory value {text[:40]!r} is not a number") from None
-    if math.isnan(value) or value < 0:
-        raise ValueError(f"memory value {text[:40]!r} is not a size")
-    scale = _UNITS.get(unit.strip().lower()) if unit else header_unit
-    if unit and scale is None:
-        raise ValueError(f"unknown unit {unit!r}")
-    return value * (scale or MiB)
-
-
-def _read_jsonl(path: Path, text: str, series: dict[tuple[str, str], Series], problems: list[str]) -> None:
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record: Any = json.loads(line)
-        except json.JSONDecodeError as exc:
-            problems.append(f"{path}:{lineno}: not JSON ({exc.msg})")
-            continue
-        if isinstance(record, dict) and record.get("kind") in ("header", "decision"):
-            continue  # the policy's lines in a record file: replay reads them, the leak analysis needs none
-        if not isinstance(record, dict) or record.get("kind") != "sample":
-            kind = record.get("kind") if isinstance(record, dict) else type(record).__name__
-            problems.append(f"{path}:{lineno}: not a guardian sample record (kind={kind!r})")
-            continue
-        try:
-            wall = float(record["wall"])
-            gpus = record["nvml"]["gpus"]
-        except (KeyError, TypeError, ValueError):
-            problems.append(f"{path}:{lineno}: sample record without wall time or nvml.gpus")
-            continue
-        for gpu in gpus:
-            used = gpu.get("memory_used_bytes") if isinstance(gpu, dict) else None
-            if used is None:
-                continue  # unknown in that poll: a gap, not a zero
-            key = str(gpu.get("index"))
-            s = series.setdefault((str(path), key), Series(gpu=key, source=str(path)))
-            s.times.append(wall)
-            s.used.append(float(used))
-            if gpu.get("memory_total_bytes"):
-                s.totals[float(gpu["memory_total_bytes"])] += 1
 
 
 # -- analysing ----------------------------------------------------------------------
