@@ -28,7 +28,9 @@ Scoring, per GPU:
   the card for the ≥ 1% figures);
 - size error |reported − true| / true and time error reported − true on matches;
 - verdict: the whole-log verdict (any leak episode) against the truth (a
-  run of the engine with 3 steps within 6 h); false leak verdicts per
+  run of the engine with 3 steps within 6 h, of the steps the log shows: a
+  GPU whose leak fell where nvidia-smi read nothing is counted apart, not
+  judged); false leak verdicts per
   leak-free GPU-week; daemon mode: the live leak alarm's episodes on
   leak-free GPUs per GPU-week, as ``guardian run`` would have raised them;
 - CPU seconds per million rows for reading and analysing.
@@ -77,6 +79,8 @@ class Score:
     size_errors: list[float] = field(default_factory=list)
     time_errors: list[float] = field(default_factory=list)
     gpus: int = 0
+    judged: int = 0  # GPUs whose verdict is scored
+    unshown: int = 0  # GPUs that leaked where the log shows too few of the steps to tell
     verdicts_right: int = 0
     false_verdicts: int = 0
     clean_seconds: float = 0.0
@@ -116,6 +120,10 @@ def score_log(args: tuple[int, float, str, float]) -> tuple[tuple[float, str, fl
             every.parse_wrong += 1
         _score_steps(truth, v, interval, log.gaps, every, big)
         leak = bool(v.episodes)
+        if truth.leak and not truth.leak_shown(log.gaps):
+            every.unshown += 1  # its steps fell where nothing was read: no verdict on it is right or wrong
+            continue
+        every.judged += 1
         every.verdicts_right += leak == truth.leak
         if not truth.leak:
             every.clean_seconds += log.end - log.start
@@ -239,7 +247,7 @@ def main() -> int:
         s = total(big, lambda k, iv=iv: k[0] == iv)
         print(f"{'all -l ' + format(iv, 'g'):>14} | recall {pct(s.found, s.true_steps)}  precision {pct(s.correct, s.reported)}")
     grid("\nverdicts right / early reports / split steps, per background and sampling interval (all step sizes)",
-         every, lambda s: f"{pct(s.verdicts_right, s.gpus)} {s.early:>3} {s.split:>3}", 16)  # fmt: skip
+         every, lambda s: f"{pct(s.verdicts_right, s.judged)} {s.early:>3} {s.split:>3}", 16)  # fmt: skip
 
     print("\nrecall per step size (all steps) and sampling interval")
     print(f"{'step':>6} | " + " | ".join(f"{'-l ' + format(iv, 'g'):>8}" for iv in smi_logs.INTERVALS))
@@ -256,9 +264,10 @@ def main() -> int:
     print(f"time error (≥ 1%): median {median(b.time_errors):.0f} s, p95 {p95(b.time_errors):.0f} s; "
           f"early reports {a.early} ({a.early_alone} the only report of their step; {a.early_spiked} where a spike no "
           f"taller ended between the readings the step came between), split steps {a.split}")  # fmt: skip
-    print(f"verdicts: {pct(a.verdicts_right, a.gpus)} right over {a.gpus} GPUs; false leak verdicts "
+    print(f"verdicts: {pct(a.verdicts_right, a.judged)} right over {a.judged} GPUs; false leak verdicts "
           f"{a.false_verdicts / weeks:.2f} per GPU-week; daemon-mode false episodes {a.live_false / weeks:.2f} "
-          f"per GPU-week ({weeks:.1f} leak-free GPU-weeks)")  # fmt: skip
+          f"per GPU-week ({weeks:.1f} leak-free GPU-weeks); {a.unshown} GPUs not judged: they leaked where the log "
+          f"shows too few of the steps to tell (nvidia-smi not running, or the log cut off)")  # fmt: skip
     print(f"card total or GPU misread: {a.parse_wrong} of {a.gpus} GPUs")
     print(f"cost: {a.rows} rows, {a.cpu:.1f} s CPU = {a.cpu / a.rows * 1e6:.1f} s per million rows ({wall:.0f} s wall)")
     print("targets: ≥ 1% recall/precision ≥ 90% at -l 1 and -l 5 per background, ≥ 80% at -l 60; verdicts ≥ 95%; "

@@ -71,6 +71,15 @@ class GpuTruth:
     def leak(self) -> bool:
         return bool(self.episodes)
 
+    def leak_shown(self, gaps: list[tuple[float, float]]) -> bool:
+        """A leak the log shows: one life's steps outside the gaps (nvidia-smi not running, or the log cut off
+        before the end) still make one. A leak whose steps fell where nothing was read is in the truth, not the log."""
+        lives: dict[float | None, list[float]] = {}
+        for step in self.steps:
+            if not any(a <= step.t <= b for a, b in gaps):
+                lives.setdefault(step.given_back_at, []).append(step.t)
+        return any(_leaked(sorted(times)) for times in lives.values())
+
 
 @dataclass
 class Log:
@@ -177,11 +186,16 @@ def _gpu(
         freed = run.end if run.end < length else None
         truth.steps += [TrueStep(s, size, freed) for s, size in run.steps]
         times = [s for s, _ in run.steps]
-        if any(sum(1 for u in times if s <= u <= s + LEAK_WINDOW) >= LEAK_STEPS for s in times):
+        if _leaked(times):
             truth.episodes.append((times[0], freed))
         ready = run.start + run.load
         truth.spikes += [(ready + a, min(ready + b, run.end), h) for a, b, h in bg.spikes if ready + a < run.end]
     return truth, runs, bg
+
+
+def _leaked(times: list[float]) -> bool:
+    """``LEAK_STEPS`` steps (oldest first) within ``LEAK_WINDOW``: a leak, not a step or two."""
+    return any(sum(1 for u in times if s <= u <= s + LEAK_WINDOW) >= LEAK_STEPS for s in times)
 
 
 def _new_run(rng: random.Random, start: float, card: float, loaded: bool, level: float) -> _Run:
