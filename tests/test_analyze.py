@@ -904,3 +904,23 @@ def test_the_spikes_a_generated_log_tells_are_the_ones_its_readings_show(tmp_pat
             lifts.append((statistics.median(inside) - statistics.median(before), height))
     assert len(lifts) > 20
     assert all(abs(lift - height) < 0.002 * truth.total for lift, height in lifts)
+
+
+def test_a_leak_whose_steps_came_after_the_log_was_cut_off_is_not_one_the_log_shows(tmp_path: Path) -> None:
+    """The generator cut this log off 44 minutes in (nvidia-smi stopped, and never came back): its GPUs go on leaking
+    in the truth, one or none of their steps in the readings. The benchmark judges a verdict by the leak the log shows
+    (three steps within six hours in the readings), so that "no leak" on two steps is not scored wrong."""
+    log = smi_logs.generate(900000, 1, "flat", 0.003)  # a seeded log of a further held-out set
+    (tmp_path / "smi.csv").write_text(log.text)
+    series, _ = memory_logs.read([tmp_path / "smi.csv"])
+    last = max(max(s.times) for s in series)
+    assert last - log.start < 45 * 60 and log.end - last > 3 * 3600
+    for truth in log.gpus:
+        read = [s for s in truth.steps if s.t <= last]
+        assert truth.leak_shown(log.gaps) == (len(read) >= smi_logs.LEAK_STEPS)
+    assert [t.index for t in log.gpus if t.leak and not t.leak_shown(log.gaps)] == [0, 1, 3, 5, 6, 7]
+    gpu4 = log.gpus[4]  # one 2% step in the readings: a step, and no leak either way
+    assert not gpu4.leak and not gpu4.leak_shown(log.gaps)
+    # a gap of three hours: GPU 1's one leaking life had two of its three steps in it; GPU 2's leaks show
+    log = smi_logs.generate(900034, 5, "flat", 0.05)
+    assert [(t.leak, t.leak_shown(log.gaps)) for t in log.gpus[1:3]] == [(True, False), (True, True)]
