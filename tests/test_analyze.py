@@ -884,6 +884,21 @@ def test_a_step_inside_a_tall_spike_is_not_dated_at_the_spikes_start_by_a_short_
     _assert_dated_at_its_step(tmp_path, log, 3, 1772592004, 120)
 
 
+def test_a_spike_still_up_at_the_out_of_memory_is_no_step_where_taller_ones_came_and_went_within_the_hour(
+    tmp_path: Path,
+) -> None:
+    """Read every second: spikes of 6.2% and 6.8% came and went, then a short 1.7% one, then a 4.3% spike was up for
+    four minutes when the engine ran out of memory. Only the last jump given back was remembered, and at 1.7% it was
+    under half the 4.3% jump, so the jump was held to the restart as a step, though it had held only four minutes. Every
+    jump given back within the hour counts: a jump as tall as spikes there were must hold as a step must."""
+    log = smi_logs.generate(700020, 1, "spikes", 0.003)  # a seeded log of a further held-out set
+    truth = log.gpus[5]
+    assert [r for r in truth.restarts if 1772442953 < r < 1772442953 + 240]  # the out-of-memory, the spike still up
+    _, found = _seeded_gpu(tmp_path, log, 5)
+    assert not [f for f in found if 1772442900 <= f <= 1772443200]
+    assert [f for f in found if abs(f - 1772440222) <= 5]  # the step before it is still found
+
+
 def test_the_spikes_a_generated_log_tells_are_the_ones_its_readings_show(tmp_path: Path) -> None:
     """The benchmark tells an early report made where a spike ended as a step began from the rest by the spikes the
     generator says it drew: each, where no step, load or restart came near it, lifts the readings by its height while

@@ -187,7 +187,7 @@ class LeakDetector:
         self._candidate: _Candidate | None = None
         self._jump: tuple[float, float] | None = None  # a jump the size of a load: (when, the reading before)
         self._pending: list[tuple[float, float, float]] = []  # jumps not yet held a window: (when, before, rise)
-        self._jump_back_t, self._jump_back = -math.inf, 0.0  # when a jump was last given back, and its size
+        self._given_back: deque[tuple[float, float]] = deque()  # jumps given back (spikes, wraps): (when, size)
         self._below_since: float | None = None
         self._steps: list[Step] = []
         self._ended: list[Step] = []  # given back since the last report
@@ -394,14 +394,14 @@ class LeakDetector:
         aged = max(self.p.hold_seconds / 2, 2 * self._dt)  # a spike that is still up is no step
         # where jumps like it were given back lately (spikes), one still up when the series ends must have
         # held as long as a step must
-        spiky = t - self._jump_back_t < self.p.max_envelope_seconds
+        spiky = self._spiky(t)
         long_aged = max(self.p.hold_seconds, self._window(t))
         moves = [(b[0], move) for a, b in zip(raw, raw[1:]) if abs(move := b[1] - a[1]) > tau]
         # where spikes come and go, a fall of a rise's size (within noise) gave it back, though a step since
         # holds the readings above where it rose from (elsewhere a fall is a tooth's, and gives back nothing)
         kept = unmatched_rises(moves, 3 * self._noise.sigma) if spiky else moves
         rises = [(when, rise) for when, rise in kept
-                 if rise > 0 and t - when >= (long_aged if spiky and self._jump_back >= 0.5 * rise
+                 if rise > 0 and t - when >= (long_aged if self._spiky(t, rise)
                                               and not came_down(raw, when, rise) else aged)]  # fmt: skip
         # the readings after a restart carry the last life's tooth until it is looked for again: a rise no taller
         # than it may be its flank or wrap
@@ -563,7 +563,7 @@ class LeakDetector:
         # earlier; where the fall gives back the newest jump, that was a spike on a step of its size)
         newest = self._newest_held()
         spike_fell = -move > tau and self._season is None and (
-            t - self._jump_back_t < self.p.max_envelope_seconds
+            self._spiky(t)
             or any(self._within_noise_gives_back(move, r) for _, _, r in self._pending[:-1])
             or (
                 newest is not None
@@ -578,8 +578,7 @@ class LeakDetector:
         # step on a tooth's high phase stays above the trough it came from when the tooth falls)
         kept = [(s, b, r) for s, b, r in self._pending if value >= min(b, self._level) + 0.5 * r]
         if len(kept) < len(self._pending):  # given back: jumps like it belong to the background here
-            self._jump_back_t = t
-            self._jump_back = max(r for s, b, r in self._pending if (s, b, r) not in kept)
+            self._given_back.append((t, max(r for s, b, r in self._pending if (s, b, r) not in kept)))
         if spike_fell:
             # a fall of a jump's size (within noise) gave it back, though a step taken while it was up holds the
             # readings over half of it (a step inside a spike; the step's own jump is left to be found); a
@@ -596,7 +595,7 @@ class LeakDetector:
         if not kept or t - kept[0][0] < max(window, self.p.hold_seconds / 2):
             return ()
         when, before, rise = self._later_of_alike(self._pending.pop(0))
-        if t - self._jump_back_t < self.p.max_envelope_seconds and self._jump_back >= 0.5 * rise:
+        if self._spiky(t, rise):
             return ()  # spikes, an aliased sawtooth: the floor will tell
         if self._held_near(when, 1.5 * self._dt):
             return ()  # found already, read a period apart (``_periodic_step``)
@@ -727,6 +726,15 @@ class LeakDetector:
         sigma): the end of that rise's spike, told from a tooth's fall, which is only about a step's size
         (``step_shape.gives_back`` is looser: a quarter of the rise)."""
         return abs(rise + fall) <= 3 * self._noise.sigma
+
+    def _spiky(self, t: float, rise: float = 0.0) -> bool:
+        """Jumps were given back within the hour (spikes come and go here, or an aliased tooth's wraps), one at
+        least half as tall as ``rise`` among them: a jump that tall may be one more, and must hold as a step must.
+        Every one of the hour counts, not the last alone: a short small spike after a tall one does not make the
+        next tall jump a step."""
+        while self._given_back and t - self._given_back[0][0] >= self.p.max_envelope_seconds:
+            self._given_back.popleft()
+        return any(size >= 0.5 * rise for _, size in self._given_back)
 
     def _periodic_step(self, t: float, window: float) -> tuple[Step, ...]:
         """A period of readings each above the one a period before them, that held two periods (and a
