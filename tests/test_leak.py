@@ -378,6 +378,20 @@ def test_a_step_held_until_a_gap_in_the_log_is_reported_though_the_memory_is_low
     assert round(step.t) == step_at and step.size == pytest.approx(1.6 * GiB, rel=0.15)
 
 
+def test_a_jump_seconds_before_a_gap_that_is_gone_after_it_is_no_step() -> None:
+    # a 4% spike 20 s before nvidia-smi stopped for 20 minutes; when it ran again the memory was back where it was.
+    # The jump held 20 s as far as anything was read, not the 20 minutes nothing was: no step to report, and none
+    # given back ("freed") after it
+    jump_at, stop, resume = 4000, 4020, 4020 + 1200
+    times = [*range(stop), *range(resume, resume + 3 * 3600)]
+    values = _noisy([(len(times), 60 * GiB)])
+    values = [v + (3.2 * GiB if jump_at <= t < stop else 0.0) for t, v in zip(times, values)]
+    det = LeakDetector(80 * GiB, 80 * GiB)
+    for t, v in zip(times, values):
+        det.update(float(t), v)
+    assert det.finish(float(times[-1])).steps == ()
+
+
 def test_a_step_minutes_after_a_gap_the_memory_came_back_from_where_it_was_is_found_at_its_time() -> None:
     # nvidia-smi stopped for an hour; it ran again with the memory where it was (no restart), and the leak stepped
     # 2 minutes later. No load is to be waited out after such a gap: the step is the memory's, not a load's

@@ -253,7 +253,7 @@ class LeakDetector:
         elif t - last[0] > max(10 * self._dt, 300.0):
             # nothing seen for a while: what rose meanwhile is not a step we can place
             resumed = self._level is not None and value >= self._level - self._noise.jump_threshold(self._k())
-            self._flush(t)
+            self._flush(last[0])  # as of the last reading: a jump up then had held only until it, not through the gap
             if resumed:
                 self._resume(t)
             else:
