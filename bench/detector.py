@@ -266,7 +266,7 @@ def main() -> int:
           f"taller ended between the readings the step came between), split steps {a.split}")  # fmt: skip
     print(f"verdicts: {pct(a.verdicts_right, a.judged)} right over {a.judged} GPUs; false leak verdicts "
           f"{a.false_verdicts / weeks:.2f} per GPU-week; daemon-mode false episodes {a.live_false / weeks:.2f} "
-          f"per GPU-week ({weeks:.1f} leak-free GPU-weeks); {a.unshown} GPUs not judged: they leaked where the log "
+          f"per GPU-week ({weeks:.1f} leak-free GPU-weeks); {a.unshown} GPU{'' if a.unshown == 1 else 's'} not judged: they leaked where the log "
           f"shows too few of the steps to tell (nvidia-smi not running, or the log cut off)")  # fmt: skip
     print(f"card total or GPU misread: {a.parse_wrong} of {a.gpus} GPUs")
     print(f"cost: {a.rows} rows, {a.cpu:.1f} s CPU = {a.cpu / a.rows * 1e6:.1f} s per million rows ({wall:.0f} s wall)")
