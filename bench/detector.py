@@ -136,7 +136,7 @@ def _score_steps(
     truth: smi_logs.GpuTruth, v: analyze.Verdict, interval: float, gaps: list[tuple[float, float]], every: Score, big: Score
 ) -> None:
     late = max(600.0, 10 * interval, truth.period + 300.0)
-    true = sorted((s for s in truth.steps if not any(a <= s.t <= b for a, b in gaps)), key=lambda s: s.t)
+    true = truth.steps_read(gaps)
     reported = sorted(v.found, key=lambda s: s.t)
     matched: set[int] = set()
     before: list[tuple[int, tuple[Score, ...]]] = []  # early reports: the true step after them, their cells

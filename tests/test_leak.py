@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 import pytest
 
 from guardian.analysis.leak import LeakDetector
-from guardian.analysis.leak_rule import LeakParams, episodes
+from guardian.analysis.leak_rule import LeakParams, LeakReport, episodes
 from guardian.sim import traces
 
 GiB = 2**30
@@ -22,6 +23,16 @@ def _noisy(segments: list[tuple[int, float]], sigma: float = 0.02 * GiB, seed: i
     """(seconds, level) pieces with Gaussian noise: a series with known steps."""
     rng = random.Random(seed)
     return [level + rng.gauss(0, sigma) for seconds, level in segments for _ in range(seconds)]
+
+
+def _across_a_gap(stop: int, resume: int, lift: Callable[[int], float]) -> LeakReport:
+    """60 GiB in noise read every second, none read from ``stop`` until ``resume``, three hours after it, each reading
+    moved by ``lift(t)``: the detector's report at the log's end."""
+    times = [*range(stop), *range(resume, resume + 3 * 3600)]
+    det = LeakDetector(80 * GiB, 80 * GiB)
+    for t, v in zip(times, _noisy([(len(times), 60 * GiB)])):
+        det.update(float(t), v + lift(t))
+    return det.finish(float(times[-1]))
 
 
 def test_flat_noisy_memory_has_no_steps_and_no_leak() -> None:
@@ -367,13 +378,7 @@ def test_a_step_held_until_a_gap_in_the_log_is_reported_though_the_memory_is_low
     # nvidia-smi stopped 10 minutes after the step and ran again two hours later, the step gone (the engine
     # restarted meanwhile, unseen): the step held as long as the log showed it, no transient
     step_at, stop, resume = 4000, 4600, 4600 + 7200
-    times = [*range(stop), *range(resume, resume + 3 * 3600)]
-    values = _noisy([(len(times), 60 * GiB)])
-    values = [v + (1.6 * GiB if step_at <= t < stop else 0.0) for t, v in zip(times, values)]
-    det = LeakDetector(80 * GiB, 80 * GiB)
-    for t, v in zip(times, values):
-        det.update(float(t), v)
-    (step,) = det.finish(float(times[-1])).steps
+    (step,) = _across_a_gap(stop, resume, lambda t: 1.6 * GiB if step_at <= t < stop else 0.0).steps
     assert step.ended_by == "freed" and step.given_back_at is not None and step.given_back_at > resume
     assert round(step.t) == step_at and step.size == pytest.approx(1.6 * GiB, rel=0.15)
 
@@ -383,13 +388,7 @@ def test_a_jump_seconds_before_a_gap_that_is_gone_after_it_is_no_step() -> None:
     # The jump held 20 s as far as anything was read, not the 20 minutes nothing was: no step to report, and none
     # given back ("freed") after it
     jump_at, stop, resume = 4000, 4020, 4020 + 1200
-    times = [*range(stop), *range(resume, resume + 3 * 3600)]
-    values = _noisy([(len(times), 60 * GiB)])
-    values = [v + (3.2 * GiB if jump_at <= t < stop else 0.0) for t, v in zip(times, values)]
-    det = LeakDetector(80 * GiB, 80 * GiB)
-    for t, v in zip(times, values):
-        det.update(float(t), v)
-    assert det.finish(float(times[-1])).steps == ()
+    assert _across_a_gap(stop, resume, lambda t: 3.2 * GiB if jump_at <= t < stop else 0.0).steps == ()
 
 
 def test_a_step_minutes_after_a_gap_the_memory_came_back_from_where_it_was_is_found_at_its_time() -> None:
@@ -397,13 +396,7 @@ def test_a_step_minutes_after_a_gap_the_memory_came_back_from_where_it_was_is_fo
     # 2 minutes later. No load is to be waited out after such a gap: the step is the memory's, not a load's
     stop, resume = 4000, 4000 + 3600
     step_at = resume + 130
-    times = [*range(stop), *range(resume, resume + 3 * 3600)]
-    values = _noisy([(len(times), 60 * GiB)])
-    values = [v + (2.4 * GiB if t >= step_at else 0.0) for t, v in zip(times, values)]
-    det = LeakDetector(80 * GiB, 80 * GiB)
-    for t, v in zip(times, values):
-        det.update(float(t), v)
-    (step,) = det.finish(float(times[-1])).steps
+    (step,) = _across_a_gap(stop, resume, lambda t: 2.4 * GiB if t >= step_at else 0.0).steps
     assert step_at <= step.t <= step_at + 5 and step.size == pytest.approx(2.4 * GiB, rel=0.1)
 
 
@@ -411,17 +404,12 @@ def test_an_engine_that_restarts_just_after_a_gap_it_came_back_from_loads_again_
     # the memory came back from an hour's gap where it was, and a minute later the engine restarted: its load (the
     # weights, then the KV pool) is a load, not steps, though the level was being read again when it came
     stop, resume = 4000, 4000 + 3600
-    times = [*range(stop), *range(resume, resume + 3 * 3600)]
-    values = _noisy([(len(times), 60 * GiB)])
 
     def engine(t: int) -> float:
         since = t - (resume + 60)
         return 0.0 if since < 0 else -59 * GiB if since < 10 else -40 * GiB if since < 60 else -8 * GiB if since < 90 else 0.0
 
-    det = LeakDetector(80 * GiB, 80 * GiB)
-    for t, v in zip(times, values):
-        det.update(float(t), v + engine(t))
-    assert det.finish(float(times[-1])).steps == ()
+    assert _across_a_gap(stop, resume, engine).steps == ()
 
 
 def test_memory_that_dips_for_half_a_minute_and_comes_back_to_where_it_was_makes_no_step() -> None:
@@ -435,12 +423,7 @@ def test_memory_that_dips_just_after_a_gap_and_comes_back_to_where_it_was_makes_
     # back from an hour's gap where it was, the memory dipped by 1 GiB for a minute and a half (the floor of the
     # window read after the gap) and came back: where it was before the gap is no step
     stop, resume = 4000, 4000 + 3600
-    times = [*range(stop), *range(resume, resume + 3 * 3600)]
-    values = _noisy([(len(times), 60 * GiB)])
-    det = LeakDetector(80 * GiB, 80 * GiB)
-    for t, v in zip(times, values):
-        det.update(float(t), v - (1 * GiB if resume + 10 <= t < resume + 100 else 0.0))
-    assert det.finish(float(times[-1])).steps == ()
+    assert _across_a_gap(stop, resume, lambda t: -1 * GiB if resume + 10 <= t < resume + 100 else 0.0).steps == ()
 
 
 def test_a_triangle_sampled_every_minute_from_the_first_reading_makes_no_steps() -> None:

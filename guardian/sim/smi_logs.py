@@ -75,10 +75,13 @@ class GpuTruth:
         """A leak the log shows: one life's steps outside the gaps (nvidia-smi not running, or the log cut off
         before the end) still make one. A leak whose steps fell where nothing was read is in the truth, not the log."""
         lives: dict[float | None, list[float]] = {}
-        for step in self.steps:
-            if not any(a <= step.t <= b for a, b in gaps):
-                lives.setdefault(step.given_back_at, []).append(step.t)
-        return any(_leaked(sorted(times)) for times in lives.values())
+        for step in self.steps_read(gaps):
+            lives.setdefault(step.given_back_at, []).append(step.t)
+        return any(_leaked(times) for times in lives.values())
+
+    def steps_read(self, gaps: list[tuple[float, float]]) -> list[TrueStep]:
+        """The steps outside the gaps, oldest first: those a log's readings can place."""
+        return sorted((s for s in self.steps if not any(a <= s.t <= b for a, b in gaps)), key=lambda s: s.t)
 
 
 @dataclass
