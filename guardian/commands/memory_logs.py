@@ -215,7 +215,8 @@ _TABLE_END = re.compile(r"^\|\s*(MIG devices|Processes):")
 
 def _read_table(path: Path, lines: list[str], series: dict[tuple[str, str], Series], problems: list[str]) -> None:
     """Each table's GPUs, at the time printed over it. A GPU whose memory line the table lacks (cut off, or
-    ``[N/A]``) is reported; a table before any time is skipped whole."""
+    ``[N/A]``) is reported; a table before any time (a file that begins mid-table) is skipped whole: its GPU lines
+    are read only after a time line."""
     t: float | None = None
     gpu: tuple[int, str] | None = None  # a GPU's first line, its memory line not read yet: (line number, index)
     in_gpus = False
@@ -238,10 +239,6 @@ def _read_table(path: Path, lines: list[str], series: dict[tuple[str, str], Seri
             gpu = None
             continue
         if first := _TABLE_GPU.match(line):
-            if t is None:
-                problems.append(f"{path}:{lineno}: a table with no time printed over it, skipped")
-                in_gpus = False
-                continue
             if gpu is not None:
                 problems.append(f"{path}:{gpu[0]}: GPU {gpu[1]} has no memory line")
             gpu = (lineno, first.group(1))
