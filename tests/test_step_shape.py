@@ -90,6 +90,16 @@ def test_a_staircase_of_equal_steps_keeps_every_jump_each_rising_from_a_step_hig
     assert [when for when, _ in found] == [600.0, 1200.0, 1800.0]
 
 
+def test_a_fall_that_gives_a_rise_back_to_the_noise_ends_a_spike_where_falls_of_about_its_size_repeat() -> None:
+    # spikes of 5.5-7.5 came and went; then a 6.6 spike, a 4.6 step while it is up, and the spike's fall of 6.6. Falls
+    # of about its size repeat, as a tooth's do, but none to the noise, and the fall gives the spike's rise back to it
+    moves = [(1.0, 5.6), (2.0, -5.6), (3.0, 7.4), (4.0, -7.4), (5.0, 6.1), (6.0, -6.1), (7.0, 6.6), (8.0, 4.6), (9.0, -6.6)]
+    assert unmatched_rises(moves, exact=0.05) == [(8.0, 4.6)]
+    # a tooth's falls are its height, to the noise: a step's rise of about that size is not given back by one
+    teeth = [(1.0, -6.6), (2.0, -6.6), (3.0, -6.62), (4.0, 6.6), (5.0, -6.6)]
+    assert unmatched_rises(teeth, exact=0.05) == [(4.0, 6.6)]
+
+
 def test_a_spikes_fall_gives_back_its_own_rise_where_spikes_of_its_size_came_and_went_before() -> None:
     # spikes of 3.5-6 rose and fell three times; then a 5.0 spike, a 4.6 step while it is up, and the spike's fall of
     # 5.0. Falls that alike repeat were taken for a tooth's wraps, which give back nothing, so the spike's rise was left

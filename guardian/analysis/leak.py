@@ -1023,6 +1023,7 @@ class LeakDetector:
         else:
             chosen = list(itertools.takewhile(
                 lambda i: floor <= self._steps[i].before + self._steps[i].size / 2, reversed(held)))  # fmt: skip
+        chosen = [i for i in chosen if not self._on_a_flank(self._steps[i], floor)]
         for i in chosen:
             step = self._steps[i]
             # a step held until a gap in the log is no transient, however soon after the gap the floor fell
@@ -1037,6 +1038,20 @@ class LeakDetector:
             if not sank and oldest.ended_by == "transient":  # a spike's fall, not memory freed later
                 for step in self._left_up(t, oldest, floor, window):
                     self._add(step)
+
+    def _on_a_flank(self, step: Step, floor: float) -> bool:
+        """The step's level was taken on a slow tooth's rising flank, and the tooth's fall took the floor under it,
+        but not to the trough the tooth rose from: no period read yet, readings seconds apart, the readings sank since
+        the step's jump by degrees (never by half of it from one reading to the next: a spike ends at once) to a floor
+        still over the lowest reading of the hour before the jump (since the load and the step held before it) by half
+        the step. Read seldom, a fast tooth folds into one that sinks by degrees: there the floor's fall stands."""
+        if self._season is not None or self._dt >= self.p.unfold_interval_seconds:
+            return False
+        since = max([step.t - self.p.max_envelope_seconds, self._loaded_at]
+                    + [s.t + self._dt / 2 for s in self._steps if s.given_back_at is None and s.t < step.t])
+        trough = min((v for s, v in self._raw if since <= s < step.t), default=step.before)
+        after = [v for s, v in self._raw if s >= step.t]
+        return floor > trough + step.size / 2 and all(a - b < step.size / 2 for a, b in itertools.pairwise(after))
 
     def _left_up(self, t: float, step: Step, floor: float, window: float) -> list[Step]:
         """What a fall left standing of a step it gave back: a leak's step taken while a spike was up.

@@ -228,7 +228,7 @@ def jumps(
             found[-1] = (found[-1][0], found[-1][1] + move)
             last = i
         elif soon and sign > 0 and tau < -move < 0.67 * found[-1][1] and not any(
-            gives_back(move, r) for _, r in unmatched_rises(found[:-1])
+            gives_back(move, r) for _, r in unmatched_rises(found[:-1], exact=tau / 4)
         ):
             # up and partly down soon after: a spike read once or a few times that held a step inside it, sampled too
             # slowly to show the step's own jump; the step is what stays, seen from the lower reading. Unless an
@@ -239,7 +239,7 @@ def jumps(
             found.append((raw[i][0], move))
             froms.append(raw[i - 1][1])
             last, sign = i, (1.0 if move > 0 else -1.0)
-    rises = unmatched_rises(found)
+    rises = unmatched_rises(found, exact=tau / 4)
     # a spike: a rise of the floor's size, given back by a fall of its own size (not one it merely matched best)
     spiked = any(
         r > 0 and alike(r, size) and (when, r) not in rises and any(w > when and gives_back(m, r) for w, m in found)
@@ -284,15 +284,20 @@ def came_down(raw: Readings, when: float, rise: float) -> bool:
     return max(after[: low + 1]) - after[low] >= 0.5 * rise and max(after[low:]) - after[low] >= 0.5 * rise
 
 
-def unmatched_rises(moves: list[tuple[float, float]], within: float | None = None) -> list[tuple[float, float]]:
+def unmatched_rises(
+    moves: list[tuple[float, float]], within: float | None = None, exact: float = 0.0
+) -> list[tuple[float, float]]:
     """The rises no later fall of about their size gave back, oldest first.
 
     Only a fall of its own: where falls alike repeat (a sawtooth's teeth), one of them says
-    nothing of the rise before it. A fall gives back the rise closest to it in size; with
-    ``within``, the newest within that of its size (a spike frees what it took, and the
-    spike's own rise is the newest: a step of about its size taken before it is not), and
-    falls alike repeat only where they outnumber the rises of their size (a tooth rises
-    slowly and falls at once; spikes of one size that came and went rose as often as they fell).
+    nothing of the rise before it. With ``within``, falls alike repeat only where they
+    outnumber the rises of their size (a tooth rises slowly and falls at once; spikes of one
+    size that came and went rose as often as they fell). Without it, a fall that gives a rise
+    back to within ``exact`` ends a spike all the same, unless falls repeat to within
+    ``exact`` of it too (a spike frees what it took, to the noise, and spikes' heights vary; a
+    tooth's falls are its height, to the noise). A fall gives back the rise closest to it in
+    size; with ``within``, the newest within that of its size (a spike frees what it took, and
+    the spike's own rise is the newest: a step of about its size taken before it is not).
     """
     falls = [-m for _, m in moves if m < 0]
     ups = [m for _, m in moves if m > 0]
@@ -303,7 +308,9 @@ def unmatched_rises(moves: list[tuple[float, float]], within: float | None = Non
             continue
         repeats = sum(1 for f in falls if alike(-move, f))
         if repeats >= 3 and (within is None or repeats > sum(1 for u in ups if alike(-move, u))):
-            continue
+            spike = any(abs(r + move) <= exact for _, r in rises)  # (and no tooth's: those repeat to the noise)
+            if within is not None or not spike or sum(1 for f in falls if abs(f + move) <= exact) >= 3:
+                continue
         if within is not None:
             same = [i for i, (_, r) in enumerate(rises) if abs(r + move) <= within]
             if same:
