@@ -98,6 +98,10 @@ def test_a_fall_that_gives_a_rise_back_to_the_noise_ends_a_spike_where_falls_of_
     # a tooth's falls are its height, to the noise: a step's rise of about that size is not given back by one
     teeth = [(1.0, -6.6), (2.0, -6.6), (3.0, -6.62), (4.0, 6.6), (5.0, -6.6)]
     assert unmatched_rises(teeth, exact=0.05) == [(4.0, 6.6)]
+    # a slow tooth's wraps vary by more than the noise, but outnumber the rises of their size (a tooth rises slowly):
+    # one that matches the step's rise to the noise is still the tooth's
+    wraps = [(1.0, -2.16), (2.0, 1.96), (3.0, -2.04), (4.0, -2.15), (5.0, -1.92)]
+    assert unmatched_rises(wraps, exact=0.1) == [(2.0, 1.96)]
 
 
 def test_a_spikes_fall_gives_back_its_own_rise_where_spikes_of_its_size_came_and_went_before() -> None:

@@ -214,8 +214,11 @@ def jumps(
     the oldest that make it up are the ones the floor shows yet; rises that do not add up to it
     (a spike's among them) are not used; the sizes are scaled to the floor's. A rise that ``wrap`` says
     the background's period explains (a tooth's wrap, held up by a step just after it) is none; with no period
-    read, so is one the readings made twice more from where it rose from (``_made_again``).
+    read, so is one the readings made twice more from where it rose from (``_made_again``). With no period read
+    either, a fall that gives a rise back to the noise (a quarter of ``tau``) ends a spike, though falls of about its
+    size repeat (``unmatched_rises``); with one, such falls are the tooth's.
     """
+    exact = tau / 4 if wrap is None else None
     found: list[tuple[float, float]] = []
     froms: list[float] = []  # the reading each of them moved from
     last, sign = -2, 0.0
@@ -228,7 +231,7 @@ def jumps(
             found[-1] = (found[-1][0], found[-1][1] + move)
             last = i
         elif soon and sign > 0 and tau < -move < 0.67 * found[-1][1] and not any(
-            gives_back(move, r) for _, r in unmatched_rises(found[:-1], exact=tau / 4)
+            gives_back(move, r) for _, r in unmatched_rises(found[:-1], exact=exact)
         ):
             # up and partly down soon after: a spike read once or a few times that held a step inside it, sampled too
             # slowly to show the step's own jump; the step is what stays, seen from the lower reading. Unless an
@@ -239,7 +242,7 @@ def jumps(
             found.append((raw[i][0], move))
             froms.append(raw[i - 1][1])
             last, sign = i, (1.0 if move > 0 else -1.0)
-    rises = unmatched_rises(found, exact=tau / 4)
+    rises = unmatched_rises(found, exact=exact)
     # a spike: a rise of the floor's size, given back by a fall of its own size (not one it merely matched best)
     spiked = any(
         r > 0 and alike(r, size) and (when, r) not in rises and any(w > when and gives_back(m, r) for w, m in found)
@@ -285,17 +288,17 @@ def came_down(raw: Readings, when: float, rise: float) -> bool:
 
 
 def unmatched_rises(
-    moves: list[tuple[float, float]], within: float | None = None, exact: float = 0.0
+    moves: list[tuple[float, float]], within: float | None = None, exact: float | None = None
 ) -> list[tuple[float, float]]:
     """The rises no later fall of about their size gave back, oldest first.
 
     Only a fall of its own: where falls alike repeat (a sawtooth's teeth), one of them says
     nothing of the rise before it. With ``within``, falls alike repeat only where they
     outnumber the rises of their size (a tooth rises slowly and falls at once; spikes of one
-    size that came and went rose as often as they fell). Without it, a fall that gives a rise
-    back to within ``exact`` ends a spike all the same, unless falls repeat to within
-    ``exact`` of it too (a spike frees what it took, to the noise, and spikes' heights vary; a
-    tooth's falls are its height, to the noise). A fall gives back the rise closest to it in
+    size that came and went rose as often as they fell). With ``exact``, a fall that gives a
+    rise back to within it ends a spike all the same where rises of its size came as often,
+    unless falls repeat to within it too (a spike frees what it took, to the noise, and spikes'
+    heights vary; a tooth's falls are its height, to the noise). A fall gives back the rise closest to it in
     size; with ``within``, the newest within that of its size (a spike frees what it took, and
     the spike's own rise is the newest: a step of about its size taken before it is not).
     """
@@ -307,9 +310,11 @@ def unmatched_rises(
             rises.append((when, move))
             continue
         repeats = sum(1 for f in falls if alike(-move, f))
-        if repeats >= 3 and (within is None or repeats > sum(1 for u in ups if alike(-move, u))):
-            spike = any(abs(r + move) <= exact for _, r in rises)  # (and no tooth's: those repeat to the noise)
-            if within is not None or not spike or sum(1 for f in falls if abs(f + move) <= exact) >= 3:
+        outnumber = repeats > sum(1 for u in ups if alike(-move, u))
+        if repeats >= 3 and (within is None or outnumber):
+            if exact is None or outnumber or not any(abs(r + move) <= exact for _, r in rises):
+                continue
+            if sum(1 for f in falls if abs(f + move) <= exact) >= 3:  # a tooth's: its falls repeat to the noise
                 continue
         if within is not None:
             same = [i for i, (_, r) in enumerate(rises) if abs(r + move) <= within]
