@@ -297,10 +297,11 @@ def unmatched_rises(
     outnumber the rises of their size (a tooth rises slowly and falls at once; spikes of one
     size that came and went rose as often as they fell). With ``exact``, a fall that gives a
     rise back to within it ends a spike all the same where rises of its size came as often,
-    unless falls repeat to within it too (a spike frees what it took, to the noise, and spikes'
-    heights vary; a tooth's falls are its height, to the noise). A fall gives back the rise closest to it in
-    size; with ``within``, the newest within that of its size (a spike frees what it took, and
-    the spike's own rise is the newest: a step of about its size taken before it is not).
+    unless falls repeat to within it too (a spike frees what it took, to the noise, and
+    spikes' heights vary; a tooth's falls are its height, to the noise). A fall gives back the
+    rise closest to it in size; with ``within``, the newest within that of its size (a spike
+    frees what it took, and the spike's own rise is the newest: a step of about its size
+    taken before it is not).
     """
     falls = [-m for _, m in moves if m < 0]
     ups = [m for _, m in moves if m > 0]
@@ -312,9 +313,13 @@ def unmatched_rises(
         repeats = sum(1 for f in falls if alike(-move, f))
         outnumber = repeats > sum(1 for u in ups if alike(-move, u))
         if repeats >= 3 and (within is None or outnumber):
-            if exact is None or outnumber or not any(abs(r + move) <= exact for _, r in rises):
-                continue
-            if sum(1 for f in falls if abs(f + move) <= exact) >= 3:  # a tooth's: its falls repeat to the noise
+            spike = (  # a tooth's falls outnumber its rises, and repeat to the noise
+                exact is not None
+                and not outnumber
+                and any(abs(r + move) <= exact for _, r in rises)
+                and sum(1 for f in falls if abs(f + move) <= exact) < 3
+            )
+            if not spike:
                 continue
         if within is not None:
             same = [i for i, (_, r) in enumerate(rises) if abs(r + move) <= within]
