@@ -887,8 +887,9 @@ def test_a_step_inside_a_spike_is_dated_at_its_own_jump_where_spikes_of_the_spik
     """Read every minute among spikes of 1-8%: a 6.6% spike, a 4.6% step while it was up, and the spike's 6.6% fall.
     Falls of that size had come three times within the readings looked at, so the fall was taken for a sawtooth's,
     which says nothing of the rise before it: the spike's jump was kept, and the step dated at the spike's start, three
-    minutes early. Falls that repeat are a tooth's only where they outnumber the jumps up of their size (a tooth
-    rises slowly); spikes rise as often as they fall, and the fall gives the spike's jump back."""
+    minutes early. With no period read, a fall that gives a jump back to the noise ends a spike where jumps up of its
+    size came as often (a tooth rises slowly) and falls did not repeat to the noise (a tooth's do): it gives the spike's
+    jump back."""
     log = smi_logs.generate(800084, 60, "spikes", 0.05)  # a seeded log of a further held-out set
     _assert_dated_at_its_step(tmp_path, log, 3, 1772510103, 120)
 
