@@ -311,15 +311,15 @@ def unmatched_rises(
             rises.append((when, move))
             continue
         repeats = sum(1 for f in falls if alike(-move, f))
-        outnumber = repeats > sum(1 for u in ups if alike(-move, u))
-        if repeats >= 3 and (within is None or outnumber):
+        if repeats >= 3:  # (the rises are counted only here: this runs for every fall of every reading's jumps)
+            outnumber = repeats > sum(1 for u in ups if alike(-move, u))
             spike = (  # a tooth's falls outnumber its rises, and repeat to the noise
                 exact is not None
                 and not outnumber
                 and any(abs(r + move) <= exact for _, r in rises)
                 and sum(1 for f in falls if abs(f + move) <= exact) < 3
             )
-            if not spike:
+            if (within is None or outnumber) and not spike:
                 continue
         if within is not None:
             same = [i for i, (_, r) in enumerate(rises) if abs(r + move) <= within]
