@@ -13,6 +13,18 @@ def test_a_step_confirmed_on_a_reading_that_dips_under_its_level_is_dated_where_
     assert when == 600.0
 
 
+def test_an_aliased_tooths_trough_after_a_step_is_no_noise_dip_and_leaves_the_step_dated_after_it() -> None:
+    # readings every minute of a fast tooth read as a five-reading ramp of 1.5 (noise 0.08), and a 0.57 step at the
+    # 19th: its first reading, the tooth's trough, sits 0.41 under the new floor, between the old tooth's top and the
+    # new ramp. A dip that deep is no noise on the new level (five sigmas): the step is not dated on the ramp before it
+    tooth = [1.79, 2.15, 2.54, 2.95, 1.51, 1.80, 2.17, 2.48, 2.92, 1.53]
+    tooth += [1.97, 2.30, 2.64, 2.99, 1.45, 1.84, 2.24, 2.53, 3.03]
+    step = [1.99, 2.40, 2.66, 3.08, 3.33, 3.60]
+    raw = [(60.08 * i, v) for i, v in enumerate(tooth + step)]
+    when, _ = change_point(raw, new_floor=2.40, size=0.57, window=240.3, sigma=0.08)
+    assert when >= raw[len(tooth)][0]
+
+
 def test_two_small_steps_the_floor_took_in_at_once_are_dated_at_the_first_not_at_a_noisy_proof_between_them() -> None:
     # readings every minute in noise of 0.1: ten on the old level, eleven 0.3 higher from 600 s (a step no larger than
     # the old readings' top, so only a pair lifted by noise rises above it: at 1080 s), then six 0.6 higher from 1260 s.

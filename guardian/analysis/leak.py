@@ -22,7 +22,11 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
 2. **A tooth read slower than it repeats, taken off.** Where readings come
    ``unfold_interval_seconds`` apart or more, a tooth whose phase the readings
    fold by (``alias.py``) is taken off each reading, and the readings kept are
-   read again when one is found or lost: the rest of the method sees the level.
+   read again when one is found or lost (the jumps waiting to hold measured
+   again on them): the rest of the method sees the level. A fold a little off
+   in phase can take a whole tooth too much off a step's first reading, at the
+   tooth's wrap: a jump of the tooth's height a reading or two later, before
+   the step held, is the rest of that step.
 3. **The floor on the background's own time scale.** The level is the lower
    envelope: the minimum (of a median of three readings) over a window
    ``W``, 1.5× the longest time the memory recently stayed off its floor
@@ -89,7 +93,9 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    (always for a step held until a gap in the log: it held as long as the
    log showed it); a fall of ``restart_drop_ratio`` is a restart and gives
    back everything (``restart``); memory that resumes after a gap under a
-   step's middle gives it back (``freed``: a restart nobody logged).
+   step's middle gives it back (``freed``: a restart nobody logged). A step
+   given back and found again at its own reading was never given back: it is
+   held again, not reported twice.
 
 Why an envelope rather than a CUSUM on a median, or a regression
 (``predict_linear``): both see a sawtooth's flank as a rise and a spike as
@@ -328,6 +334,19 @@ class LeakDetector:
         self._steps = [moved.get(id(s), s) for s in self._steps]
         for u in self._unproven:
             u.step = moved.get(id(u.step), u.step)
+        self._rejump()
+
+    def _rejump(self) -> None:
+        """The jumps pending, measured again on the readings as they are read now: a reading the tooth's old fit
+        put a whole tooth off (at its wrap) made a jump back that the tooth, taken off as it is known now, does not."""
+        tau = self._noise.jump_threshold(self._k())
+        at = {s: i for i, (s, _) in enumerate(self._raw)}
+        pending = []
+        for when, _, _ in self._pending:
+            i = at.get(when, 0)
+            if i > 0 and self._raw[i][1] - self._raw[i - 1][1] > tau:
+                pending.append((when, self._raw[i - 1][1], self._raw[i][1] - self._raw[i - 1][1]))
+        self._pending = pending
 
     def _relevel(self) -> None:
         """The tooth was looked for again after a restart: the level the load left is read again, as the floor of the
@@ -564,7 +583,9 @@ class LeakDetector:
         newest = self._newest_held()
         spike_fell = -move > tau and self._season is None and (
             self._spiky(t)
-            or any(self._within_noise_gives_back(move, r) for _, _, r in self._pending[:-1])
+            or any(
+                self._within_noise_gives_back(move, r) and not self._fell_since(s, r) for s, _, r in self._pending[:-1]
+            )
             or (
                 newest is not None
                 and t - newest.t <= 2 * max(window, self.p.hold_seconds)  # a spike, not a step's half hour
@@ -583,7 +604,7 @@ class LeakDetector:
             # a fall of a jump's size (within noise) gave it back, though a step taken while it was up holds the
             # readings over half of it (a step inside a spike; the step's own jump is left to be found); a
             # tooth's fall is only about a step's size. The jump closest in size to the fall
-            fits = [j for j in kept if self._within_noise_gives_back(move, j[2])]
+            fits = [j for j in kept if self._within_noise_gives_back(move, j[2]) and not self._fell_since(j[0], j[2])]
             if fits:
                 kept.remove(min(fits, key=lambda j: abs(j[2] + move)))
             # no jump since the step explains the fall: the step may be the spike (a jump that came before the step
@@ -615,7 +636,18 @@ class LeakDetector:
         if seasonal is not None and abs(seasonal - when) > 1.5 * self._dt:
             return ()  # a tooth's wrap held up by a step the period places elsewhere: the floor will tell
         last = self._newest_held()
-        if last is not None and last.t < when and last.found_at >= when - window and last.size < 0.5 * rise:
+        fold = self._unfold.fold
+        # the height of the tooth taken off, a reading or two after the newest step's jump, before it held: the fold,
+        # a little off in phase, took a whole tooth off the step's first reading (at its wrap), and the step's rise
+        # came short: the rest of that step
+        rest = (
+            last is not None
+            and last.t < when < min(last.found_at, last.t + 3 * self._dt)
+            and fold is not None
+            and abs(rise - fold.amplitude) <= 0.25 * fold.amplitude
+        )
+        drifted = last is not None and last.t < when and last.found_at >= when - window and last.size < 0.5 * rise
+        if drifted and not rest:
             # the floor rose by under half the jump, seen within a window before it: the readings' drift into the jump
             # (a ramp's creep, a tooth's), not a step of its own
             self._end(len(self._steps) - 1, t, "transient")
@@ -625,8 +657,18 @@ class LeakDetector:
         self._candidate = None
         self._quiet_since = when + self._dt / 2  # the readings after its jump may show more steps
         self._noise.floors.clear()
+        if rest:
+            assert last is not None
+            return self._grow_newest(t, rise, last.t)
         self._add(step)
         return (step,)
+
+    def _fell_since(self, when: float, rise: float) -> bool:
+        """The readings fell by about ``rise`` (``gives_back``) between two of them after the jump at ``when``, before
+        the newest: a spike ends at its first fall of its size, so a later one is another's (a slow tooth's wrap, a
+        period after the last, where the tooth is about the step's height), and the jump held through it."""
+        after = [v for s, v in self._raw if s >= when][:-1]
+        return any(gives_back(b - a, rise) for a, b in itertools.pairwise(after))
 
     def _one_noisy_reading(self, value: float) -> bool:
         """The newest jump, into the reading before ``value``, was given back by it (to under half of the jump over
@@ -1072,8 +1114,16 @@ class LeakDetector:
         return _staircase(found, step.before, t)
 
     def _add(self, step: Step) -> None:
-        """In the order of the steps' times: one read from its period is found after later ones."""
-        insort(self._steps, step, key=lambda s: s.t)
+        """In the order of the steps' times: one read from its period is found after later ones. A step given back
+        that is found again at its own reading was never given back (the floor sank under it by a tooth's refit, a
+        trough): it is held again, as the step now found, not reported twice."""
+        steps, when, half = self._steps, lambda s: s.t, self._dt / 2
+        near = range(bisect_left(steps, step.t - half, key=when), bisect_right(steps, step.t + half, key=when))
+        again = [i for i in near if steps[i].given_back_at is not None]
+        if again:
+            steps[again[-1]] = step
+            return
+        insort(steps, step, key=when)
         del self._steps[: -self._history_limit]
 
     def _end_held(self, t: float, why: str, under: float = -math.inf) -> None:

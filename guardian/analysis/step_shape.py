@@ -96,14 +96,18 @@ def change_point(
         newest -= 1
     # without a period read, one reading under it between two on the new level (on the floor, and over it by no more
     # than the step and the noise: not a spike's) is noise, not the old level (a run of minutes at -l 5 holds a few);
-    # the old level's readings noise lifted reach the floor far more seldom than its margin. A tooth's readings
-    # alternate between its phases: there a low one is the old level's as much as any
+    # the old level's readings noise lifted reach the floor far more seldom than its margin. Not one under it by more
+    # than two sigmas besides: the trough of a tooth read slower than it repeats, before its period is read (a ramp of
+    # a few readings, whose top is on the new level too). A tooth's readings alternate between its phases: there a low
+    # one is the old level's as much as any
     values = [v for _, v in raw][:newest]
     start = None
     for i in range(newest - 1, -1, -1):
         neighbours = (values[i - 1], values[i + 1]) if season is None and 0 < i < newest - 1 else ()
         if values[i] < new_floor - margin and not (
-            neighbours and all(new_floor <= v <= new_floor + size + 3 * sigma for v in neighbours)
+            neighbours
+            and values[i] >= new_floor - margin - 2 * sigma
+            and all(new_floor <= v <= new_floor + size + 3 * sigma for v in neighbours)
         ):
             break
         start = raw[i][0]
