@@ -361,7 +361,8 @@ def period_lag(values: Sequence[float]) -> Season | None:
     A periodic background sampled at a fixed interval repeats itself every ``lag`` readings, however
     it aliases (a 63 s tooth read every 60 s is a slow ramp that wraps every 20 readings). The lag
     is the one of at least 3 readings (so that 3 in a row confirm) with the smallest differences over
-    the newest 300 readings (at least 60), read at their lower quartile (a step spoils a lag of them;
+    the newest 300 readings (at least 60; lags up to a third of them, and none where the longest of those
+    is the best: the period may lie beyond), read at their lower quartile (a step spoils a lag of them;
     steps a few periods apart most of them): a whole number of teeth, or nearly (a 9.3 s tooth read
     every 60.1 s alternates, and repeats best 29 readings on, where its phase has come round). Two
     readings where they alternate and that is quieter still (a 24.2 s tooth read every 60.1 s: its
@@ -377,9 +378,10 @@ def period_lag(values: Sequence[float]) -> Season | None:
     if len(fit) < 60:
         return None
 
+    top = min(len(fit) // 3, 100)
     # the lower quartile, scaled to what a median of noise would read
     residual = {lag: 2.12 * sorted(abs(b - a) for a, b in zip(fit, fit[lag:]))[(len(fit) - lag) // 4]
-                for lag in range(1, min(len(fit) // 3, 100) + 1)}  # fmt: skip
+                for lag in range(1, top + 1)}  # fmt: skip
     lag = min((lag for lag in residual if lag >= 3), key=residual.__getitem__)
     if residual[2] < min(residual[lag], 0.5 * residual[1]):
         lag = 2
@@ -392,6 +394,8 @@ def period_lag(values: Sequence[float]) -> Season | None:
     if rough[lag] > 1.3 * rough[wraps]:
         # the change of a difference is two differences' noise: 1/√2 of it is one's
         lag, noise = wraps, min(residual[wraps], 0.707 * median(abs(b - a) for a, b in zip(moves, moves[wraps:])))
+    if lag == top:  # the readings may repeat further on: a period read short reads another phase of the tooth
+        return None
     drift = abs(median(moves))
     repeats = noise < 0.5 * residual[1]  # the best of a hundred lags of noise is not
     # an aliased tooth: a slow ramp that wraps (steeper than its noise, or read half a period apart, by half a
