@@ -603,7 +603,8 @@ class LeakDetector:
         if spike_fell:
             # a fall of a jump's size (within noise) gave it back, though a step taken while it was up holds the
             # readings over half of it (a step inside a spike; the step's own jump is left to be found); a
-            # tooth's fall is only about a step's size. The jump closest in size to the fall
+            # tooth's fall is only about a step's size. The jump closest in size to the fall, of those that did not
+            # hold through a fall of their size already (``_fell_since``)
             fits = [j for j in kept if self._within_noise_gives_back(move, j[2]) and not self._fell_since(j[0], j[2])]
             if fits:
                 kept.remove(min(fits, key=lambda j: abs(j[2] + move)))
@@ -651,7 +652,7 @@ class LeakDetector:
             # the floor rose by under half the jump, seen within a window before it: the readings' drift into the jump
             # (a ramp's creep, a tooth's), not a step of its own
             self._end(len(self._steps) - 1, t, "transient")
-        step = Step(t=when, size=rise, found_at=t, before=self._level)
+        before = self._level
         # the floor has had a window since the jump: it is the level now, if the rise (less the background's) fell short
         self._level = max(self._level + rise, self._floor(t, window))
         self._candidate = None
@@ -660,6 +661,7 @@ class LeakDetector:
         if rest:
             assert last is not None
             return self._grow_newest(t, rise, last.t)
+        step = Step(t=when, size=rise, found_at=t, before=before)
         self._add(step)
         return (step,)
 
