@@ -344,8 +344,8 @@ class LeakDetector:
         pending = []
         for when, _, _ in self._pending:
             i = at.get(when, 0)
-            if i > 0 and self._raw[i][1] - self._raw[i - 1][1] > tau:
-                pending.append((when, self._raw[i - 1][1], self._raw[i][1] - self._raw[i - 1][1]))
+            if i > 0 and (rise := self._raw[i][1] - self._raw[i - 1][1]) > tau:
+                pending.append((when, self._raw[i - 1][1], rise))
         self._pending = pending
 
     def _relevel(self) -> None:
@@ -666,11 +666,17 @@ class LeakDetector:
         return (step,)
 
     def _fell_since(self, when: float, rise: float) -> bool:
-        """The readings fell by about ``rise`` (``gives_back``) between two of them after the jump at ``when``, before
-        the newest: a spike ends at its first fall of its size, so a later one is another's (a slow tooth's wrap, a
-        period after the last, where the tooth is about the step's height), and the jump held through it."""
-        after = [v for s, v in self._raw if s >= when][:-1]
-        return any(gives_back(b - a, rise) for a, b in itertools.pairwise(after))
+        """The readings fell by about ``rise`` after the jump at ``when``, before the newest: a spike ends at its first
+        fall of its size, so a later one is another's (a slow tooth's wrap, a period after the last, where the tooth is
+        about the step's height), and the jump held through it."""
+        fall = self._first_fall(when, rise)
+        return fall is not None and fall < self._raw[-1][0]
+
+    def _first_fall(self, when: float, rise: float) -> float | None:
+        """When the readings from ``when`` on first fell by about ``rise`` between two of them (``gives_back``): the
+        reading the fall came into; None where they have not."""
+        after = itertools.islice(self._raw, self._first_at(when), None)
+        return next((b[0] for a, b in itertools.pairwise(after) if gives_back(b[1] - a[1], rise)), None)
 
     def _one_noisy_reading(self, value: float) -> bool:
         """The newest jump, into the reading before ``value``, was given back by it (to under half of the jump over
@@ -696,11 +702,10 @@ class LeakDetector:
         second, _, size = later
         if min(v for s, v in self._raw if when <= s < second) < before + 0.5 * rise:
             return jump  # the first was not up all along until the second came: a tooth that fell between them
-        after = [(s, v) for s, v in self._raw if s >= second]
-        fall = next((b[0] for a, b in itertools.pairwise(after) if gives_back(b[1] - a[1], size)), None)
+        fall = self._first_fall(second, size)
         if fall is None:
             return jump
-        kept = median(v for s, v in after if s >= fall) - before
+        kept = median(v for s, v in itertools.islice(self._raw, self._first_at(fall), None)) - before
         if not 0.5 * size <= kept < rise + 0.5 * size:
             return jump
         self._pending.remove(later)
