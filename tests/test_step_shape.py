@@ -49,6 +49,34 @@ def test_a_step_at_the_end_of_a_spike_is_dated_at_its_proof_not_where_the_spike_
     assert when == 60.0 * (len(old) + len(spike))
 
 
+def test_a_step_inside_a_spike_longer_than_the_new_level_run_after_it_is_dated_at_the_spikes_fall() -> None:
+    # readings every 5 s in noise of 0.05: the old level with a 1.3 spike among them (its top is no proof, as dense
+    # spikes make it), a 2.4 spike for fourteen readings with a 0.58 step inside it (the spike's readings rise by it
+    # too), then ten on the new level. The spike's readings outnumber the new level's, so their middle was the spike's
+    # and the step was dated where the spike began, before it happened; the readings date it no closer than its fall
+    old = [0.0, 0.08, -0.06, 0.05, -0.1, 0.02, 0.1, -0.04, 0.03, -0.02, 0.01, -0.05]
+    old += [1.3, 1.34, 1.27, 1.31, 1.29, 1.33, 0.02, -0.03, 0.06, 0.0]
+    spike = [2.4, 2.46, 2.35, 2.42, 2.38, 2.44, 2.37, 2.98, 3.02, 2.95, 3.04, 2.97, 3.01, 2.99]
+    new = [0.6, 0.55, 0.62, 0.57, 0.59, 0.61, 0.56, 0.58, 0.6, 0.57]
+    raw = [(5.0 * i, v) for i, v in enumerate(old + spike + new)]
+    when, _ = change_point(raw, new_floor=0.56, size=0.58, window=120.0, sigma=0.05)
+    assert when == 5.0 * (len(old) + len(spike))
+
+
+def test_a_spike_on_the_new_level_does_not_prove_a_step_dated_after_the_spike_it_came_inside() -> None:
+    # readings every minute in noise of 0.06: the old level, a 5.1 spike with a 2.0 step inside it (7.1 once it came),
+    # eight readings on the new level, a second spike (9.3) and the new level again. The run on the new level begins
+    # at the first spike's fall; its old readings are those before the spike, not the spike's (whose top let the
+    # second spike's first reading prove the step, ten minutes late)
+    old = [0.0, 0.05, -0.04, 0.03, -0.06, 0.02, 0.06, -0.03, 0.02, -0.01, 0.01, -0.03]
+    spike = [5.1, 5.12, 7.08, 7.1, 7.13, 7.09, 7.11]
+    new = [2.0, 2.03, 1.98, 2.02, 1.99, 2.01, 1.97, 2.02]
+    second = [9.3, 9.28, 9.33, 9.31, 9.29]
+    raw = [(60.0 * i, v) for i, v in enumerate(old + spike + new + second + [2.01, 1.99, 2.0])]
+    when, _ = change_point(raw, new_floor=1.95, size=2.0, window=720.0, sigma=0.06)
+    assert when == 60.0 * (len(old) + len(spike))
+
+
 def test_readings_noise_lifted_just_before_a_step_are_no_level_of_their_own_and_leave_the_date_at_its_proof() -> None:
     # readings every minute in noise: ten on the old level, three lifted by noise, the step (0.33, then a dip to 0.13),
     # and the new level: the first pair above the old top (at 900 s) dates it, not the lifted readings before it

@@ -84,6 +84,8 @@ def change_point(
     two on the new level, in doubt:
     on a tooth aliased by slow sampling the new floor is often a reading from before
     the step, and the proof comes with the tooth's next high phase.
+    Without a period read, a run on the new level that began with a spike begins at the spike's fall
+    (``_after_a_spike``), its old readings still those before the spike.
     Where the background has a period, the period dates it first (``seasonal_change``). Where the readings
     between the run's start and the proof stood on a level of their own (two small steps in noise that the floor
     took in at once), the proof is the second's and the step is dated as if none had come.
@@ -101,7 +103,7 @@ def change_point(
     # a few readings, whose top is on the new level too). A tooth's readings alternate between its phases: there a low
     # one is the old level's as much as any
     values = [v for _, v in raw][:newest]
-    start = None
+    first = None
     for i in range(newest - 1, -1, -1):
         neighbours = (values[i - 1], values[i + 1]) if season is None and 0 < i < newest - 1 else ()
         if values[i] < new_floor - margin and not (
@@ -110,13 +112,17 @@ def change_point(
             and all(new_floor <= v <= new_floor + size + 3 * sigma for v in neighbours)
         ):
             break
-        start = raw[i][0]
-    if start is None:
+        first = i
+    if first is None:
         return raw[-1][0], None
+    began = raw[first][0]  # the old readings are those before the run (before a spike it began with: not the spike's)
+    if season is None:
+        first = _after_a_spike(raw, first, newest, new_floor + size + 3 * sigma, size)
+    start = raw[first][0]
     seasonal = seasonal_change(raw, start, size, season)
     if seasonal is not None:
         return seasonal, None
-    old = [v for s, v in raw if start - window <= s < start]
+    old = [v for s, v in raw if began - window <= s < began]
     doubt = None
     if old:
         before = sorted(old)
@@ -158,6 +164,20 @@ def change_point(
     mid = (median(below) + middle) / 2 if below else new_floor - margin
     on = [(s, mid <= v <= 2 * middle - mid) for s, v in after]
     return next((a[0] for a, b in pairwise(on) if a[1] and b[1]), start), doubt
+
+
+def _after_a_spike(raw: Readings, i: int, newest: int, top: float, size: float) -> int:
+    """Where the run on the new level began with a spike (readings that jumped from the old level at once to over
+    ``top``, where no step lifts the floor, stayed there and fell back at once onto the new level), the first reading
+    after its fall: the step came inside the spike, which the readings cannot date closer than its fall (erring late;
+    a spike longer than the readings on the new level after it made their middle the spike's, and dated the step at
+    the spike's start). Else ``i``, where the run began (indices into ``raw``)."""
+    j = i
+    while j < newest and raw[j][1] > top:
+        j += 1
+    rose = 0 < i < j < newest and raw[i][1] - raw[i - 1][1] > size
+    fell = rose and raw[j - 1][1] - raw[j][1] > size
+    return j if fell else i
 
 
 def _stood_between(raw: Readings, doubt: Doubt, proved: float, old: float, sigma: float) -> bool:
