@@ -1012,3 +1012,30 @@ def test_a_leak_whose_steps_came_after_the_log_was_cut_off_is_not_one_the_log_sh
     # a gap of three hours: GPU 1's one leaking life had two of its three steps in it; GPU 2's leaks show
     log = smi_logs.generate(900034, 5, "flat", 0.05)
     assert [(t.leak, t.leak_shown(log.gaps)) for t in log.gpus[1:3]] == [(True, False), (True, True)]
+
+
+def test_small_steps_under_dense_spikes_are_each_found_in_time_not_merged_into_a_late_tall_one(tmp_path: Path) -> None:
+    """0.4-0.6% steps every 20-60 minutes under spikes of 1-8% that come every few minutes and stay up to nine, read
+    every 5 s. The spikes spread the readings, and the tolerance for a return to the floor (a tenth of that spread)
+    with them, to about a step, more as more spikes come: a reading that noise took down after a step came back within
+    it of the hour's floor, which still held the readings from before the step, and the hour the memory had stood a
+    step higher was taken for the background's period. The floor's window grew to an hour, the steps came faster than
+    it held them, and they were reported hours late, merged into steps of 1.2-4.8% dated at spikes' starts. A return
+    counts only to the floor the memory left, as near to it as was asked when it left."""
+    log = smi_logs.generate(700051, 5, "spikes", 0.005)  # a seeded log of a further held-out set
+    found, when = _seeded_gpu(tmp_path, log, 1)
+    truth = log.gpus[1]
+    card = truth.total
+    middle = [(w, s["size_bytes"]) for s, w in zip(found["steps"], when) if 1772437000 <= w <= 1772470000]
+    assert middle
+    assert all(size < 0.01 * card for _, size in middle)
+    assert all(any(0 <= w - t.t <= 600 for t in truth.steps) for w, _ in middle)
+
+
+def test_a_step_inside_a_long_spike_is_dated_at_the_spikes_fall_not_its_start(tmp_path: Path) -> None:
+    """The same log: a 0.58% step five minutes into an eight-minute spike of 2.4%, read every 5 s. Once the floor's
+    window no longer grows to an hour there (above), the floor confirms this step: the spike's readings outnumbered
+    those on the new level then, so their middle was the spike's and the step was dated at the spike's start, five
+    minutes before it happened. The readings date it no closer than the spike's fall."""
+    log = smi_logs.generate(700051, 5, "spikes", 0.005)
+    _assert_dated_at_its_step(tmp_path, log, 1, 1772479788, 600)

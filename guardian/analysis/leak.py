@@ -31,8 +31,10 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    envelope: the minimum (of a median of three readings) over a window
    ``W``, 1.5× the longest time the memory recently stayed off its floor
    (the background's period: a sawtooth's tooth, a spike), at least
-   ``envelope_seconds``: from returns to the hour's floor, and from two
-   excursions alike between troughs (``period.py``), since a staircase
+   ``envelope_seconds``: from returns to the hour's floor (to the floor the
+   memory left, as near as was asked when it left: one a step higher is no
+   return), and from two excursions alike between troughs (``period.py``),
+   since a staircase
    with a step about once per period never returns to an old floor. A
    rising flank is then not a staircase, and a step under a tall tooth
    still lifts the floor.
@@ -78,7 +80,8 @@ Method, all in seconds so that one setting holds from ``-l 1`` to ``-l 60``:
    old readings' top, no higher than the step lifts it, and with the next
    one above it too where the readings repeat: ``step_shape.change_point``),
    else the first on the new floor; never the start of the flank it may
-   sit on. Where the readings have a period, the first on the new floor is
+   sit on, nor of a spike it came inside (its fall: erring late). Where
+   the readings have a period, the first on the new floor is
    often a trough from before the step (an aliased tooth's floor), so a
    reading that proves the step within a window after it was found (and
    before the next step) dates it instead.
@@ -185,6 +188,7 @@ class LeakDetector:
         self._touch = -math.inf
         self._creep_since: float | None = None  # the floor has risen by leak_rise_ratio without steps since
         self._touch_floor = math.inf  # the hour's floor at the last touch
+        self._touch_near = math.inf  # and how near to it the memory was to come to count as back on it, then
         self._gaps: deque[tuple[float, float]] = deque()  # (when closed, length): time off the floor, longest first
         self._excursions = Excursions()  # time off the floor from troughs, however high the floor has risen
         self._last_excursion: float | None = None
@@ -499,11 +503,17 @@ class LeakDetector:
         hour_floor = self._env.min_since(max(t - p.max_envelope_seconds, self._loaded_at))
         near = max(p.min_step_ratio * self.budget / 2, 0.1 * self._noise.spread)  # the floor's tenth of the background
         if value <= hour_floor + near:
-            # the memory came back down to its floor: that long off it is the background's period
-            # (not when the floor came up to the memory: a creep, or a step an hour old)
-            if hour_floor <= self._touch_floor + near and t - self._touch > 2 * self._dt:
+            # the memory came back down to its floor: that long off it is the background's period (not when the floor
+            # came up to the memory: a creep, or a step an hour old). Back to the floor it left, not only to the hour's,
+            # and as near to it as was asked when it left: spikes spread the readings, and ``near`` with them, as they
+            # come and go, to more than a small step; a reading that noise took down after one came back within it of
+            # the hour's floor, which still held the readings from before the step, and the hour the memory stood a
+            # step higher was taken for the background's period
+            reach = min(near, self._touch_near)
+            back = value <= self._touch_floor + reach
+            if back and hour_floor <= self._touch_floor + reach and t - self._touch > 2 * self._dt:
                 self._off_floor(t, t - self._touch)
-            self._touch, self._touch_floor = t, hour_floor
+            self._touch, self._touch_floor, self._touch_near = t, hour_floor, near
         excursion = self._excursions.update(t, value, 2 * k)
         if excursion is not None:
             # a period repeats: two excursions in a row alike (spikes and noise come in any lengths), not both
@@ -909,9 +919,11 @@ class LeakDetector:
             size = before_next
             self._level = level + size
         step = Step(t=when, size=size, found_at=t, before=level)
-        if last is not None and t - last.found_at <= 2 * window and (step.t - last.t < window / 2 or size < 0.5 * last.size):
-            # the floor of a sawtooth rises in stages as the old troughs leave the window: one step, dated where
-            # most of it rose (a first stage smaller than the rest was the troughs' drift before it)
+        stages = 2 * max(window, self._abrupt(window))  # (a window of a few readings rises in stages a few apart)
+        if last is not None and t - last.found_at <= stages and (step.t - last.t < window / 2 or size < 0.5 * last.size):
+            # the floor of a sawtooth rises in stages as the old troughs leave the window, and a ramp's as it creeps
+            # on after a jump: one step, dated where most of it rose (a first stage smaller than the rest was the
+            # troughs' drift before it)
             return self._grow_newest(t, size, step.t if size > last.size else last.t)
         self._add(step)
         if doubt is not None and self._season is not None:
