@@ -1015,7 +1015,7 @@ def test_a_leak_whose_steps_came_after_the_log_was_cut_off_is_not_one_the_log_sh
 
 
 def test_small_steps_under_dense_spikes_are_each_found_in_time_not_merged_into_a_late_tall_one(tmp_path: Path) -> None:
-    """0.4-0.6% steps every 20-60 minutes under spikes of 1-8% that come every few minutes and stay up to nine, read
+    """0.4-0.6% steps every 20-80 minutes under spikes of 1-8% that come every few minutes and stay up to nine, read
     every 5 s. The spikes spread the readings, and the tolerance for a return to the floor (a tenth of that spread)
     with them, to about a step, more as more spikes come: a reading that noise took down after a step came back within
     it of the hour's floor, which still held the readings from before the step, and the hour the memory had stood a
