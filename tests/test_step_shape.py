@@ -157,3 +157,31 @@ def test_a_tooths_wrap_gives_back_no_rise_of_its_size_where_wraps_repeat_without
     # wraps. Wraps outnumber the rises of their size: the next wrap is the tooth's, and the step stays
     moves = [(1.0, -1.5), (2.0, -1.4), (3.0, -1.6), (4.0, 1.6), (5.0, -1.6)]
     assert unmatched_rises(moves, within=0.2) == [(4.0, 1.6)]
+
+
+def _spike_and_step(first: float, second: float, fall: float, step_first: bool) -> list[tuple[float, float]]:
+    """Readings every 15 s in noise of 0.05: twenty on the old level (0), rises of ``first`` and ``second``, the second
+    read first as ``second`` over the readings before it, and a fall of ``fall`` read the same way; the levels between
+    are those of a step with a spike on it (``step_first``) or of a spike with a step inside it. The two readings
+    either side of each jump are the noisiest of them: they say the other than the levels do."""
+    noise = [0.03, -0.05, 0.04, -0.02, 0.05, -0.04, 0.01, -0.03, 0.02, 0.0]
+    step, spike = (first, second) if step_first else (second, first)
+    levels = [0.0] * 20 + [first] * 20 + [first + second] * 6 + [step] * 20
+    values = [level + noise[i % 10] for i, level in enumerate(levels)]
+    values[20], values[40] = values[19] + first, values[39] + second  # the jumps as two readings read them
+    values[46] = values[45] - fall
+    return [(15.0 * i, v) for i, v in enumerate(values)]
+
+
+def test_a_spikes_fall_gives_back_the_rise_whose_level_it_ends_not_the_one_two_readings_match_best() -> None:
+    # a 2.08 spike, a 2.0 step inside it 53 s before the spike's fall: read a reading apart the step's rise (2.01) is
+    # nearer the fall (1.97) than the spike's (2.17), but the levels say the spike rose and fell by 2.08: the step
+    # is the second rise (a held-out log's step, 700052, was dated at the spike's start, five minutes early)
+    raw = _spike_and_step(2.08, 2.0, 1.97, step_first=False)
+    raw[20] = (raw[20][0], raw[19][1] + 2.17)
+    raw[40] = (raw[40][0], raw[39][1] + 2.01)
+    found = jumps(raw, level=0.0, size=2.0, tau=0.35).found
+    assert [when for when, _ in found] == [600.0]
+    # and the mirror: a 2.44 step, a 2.36 spike on it whose fall reads 2.42 a reading apart: the step is the first
+    mirror = _spike_and_step(2.44, 2.36, 2.42, step_first=True)
+    assert [when for when, _ in jumps(mirror, level=0.0, size=2.44, tau=0.35).found] == [300.0]

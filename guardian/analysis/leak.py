@@ -197,6 +197,7 @@ class LeakDetector:
         self._candidate: _Candidate | None = None
         self._jump: tuple[float, float] | None = None  # a jump the size of a load: (when, the reading before)
         self._pending: list[tuple[float, float, float]] = []  # jumps not yet held a window: (when, before, rise)
+        self._doubted: set[float] = set()  # pending jumps an alike one given back came on (``_held_jump``): when
         self._given_back: deque[tuple[float, float]] = deque()  # jumps given back (spikes, wraps): (when, size)
         self._below_since: float | None = None
         self._steps: list[Step] = []
@@ -623,9 +624,17 @@ class LeakDetector:
             found = newest.found_at if newest is not None else -math.inf
             if not any(gives_back(move, r) for s, _, r in self._pending if s > found):
                 self._spike_fell(t, -move, tau)
+        # given back while an older jump of its size held: a spike on a step, or the step inside a spike that the older
+        # jump was (a jump, and a fall of about its size, read a reading apart); the floor's levels tell which
+        gone = [j for j in self._pending if j not in kept]
+        self._doubted.update(k[0] for k in kept for j in gone if k[0] < j[0] and alike(k[2], j[2]))
+        self._doubted.intersection_update(s for s, _, _ in kept)
         self._pending = kept
         if not kept or t - kept[0][0] < max(window, self.p.hold_seconds / 2):
             return ()
+        if kept[0][0] in self._doubted:
+            self._pending.pop(0)
+            return ()  # a spike and a step, one on the other: the floor will tell which (``step_shape.jumps``)
         when, before, rise = self._later_of_alike(self._pending.pop(0))
         if self._spiky(t, rise):
             return ()  # spikes, an aliased sawtooth: the floor will tell

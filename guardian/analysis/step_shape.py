@@ -240,11 +240,13 @@ def jumps(
     the background's period explains (a tooth's wrap, held up by a step just after it) is none; with no period
     read, so is one the readings made twice more from where it rose from (``_made_again``). With no period read
     either, a fall that gives a rise back to the noise (a quarter of ``tau``) ends a spike, though falls of about its
-    size repeat (``unmatched_rises``); with one, such falls are the tooth's.
+    size repeat (``unmatched_rises``); with one, such falls are the tooth's. With no period read, which rise a fall
+    gives back is told by the levels either side of each (``_level_moves``), not by the two readings either side.
     """
     exact = tau / 4 if wrap is None else None
     found: list[tuple[float, float]] = []
     froms: list[float] = []  # the reading each of them moved from
+    spans: list[tuple[int, int]] = []  # the readings each of them moved from and into
     last, sign = -2, 0.0
     for i in range(1, len(raw)):
         move = raw[i][1] - raw[i - 1][1]
@@ -253,7 +255,7 @@ def jumps(
         soon = last == i - 1 or (wrap is None and i - last <= 4)
         if last == i - 1 and sign * move > tau / 3:
             found[-1] = (found[-1][0], found[-1][1] + move)
-            last = i
+            last, spans[-1] = i, (spans[-1][0], i)
         elif soon and sign > 0 and tau < -move < 0.67 * found[-1][1] and not any(
             gives_back(move, r) for _, r in unmatched_rises(found[:-1], exact=exact)
         ):
@@ -261,12 +263,13 @@ def jumps(
             # slowly to show the step's own jump; the step is what stays, seen from the lower reading. Unless an
             # earlier rise no fall gave back is of the fall's size: that spike ended just after the step
             found[-1] = (raw[i][0], found[-1][1] + move)
-            last = i
+            last, spans[-1] = i, (spans[-1][0], i)
         elif abs(move) > tau:
             found.append((raw[i][0], move))
             froms.append(raw[i - 1][1])
+            spans.append((i - 1, i))
             last, sign = i, (1.0 if move > 0 else -1.0)
-    rises = unmatched_rises(found, exact=exact)
+    rises = unmatched_rises(found, exact=exact, measured=_level_moves(raw, found, spans) if wrap is None else None)
     # a spike: a rise of the floor's size, given back by a fall of its own size (not one it merely matched best)
     spiked = any(
         r > 0 and alike(r, size) and (when, r) not in rises and any(w > when and gives_back(m, r) for w, m in found)
@@ -293,6 +296,19 @@ def jumps(
     return Jumps([(when, rise * size / total) for when, rise in found], visible, spiked)
 
 
+def _level_moves(raw: Readings, found: list[tuple[float, float]], spans: list[tuple[int, int]]) -> dict[float, float]:
+    """Each jump (by when it came) measured between the middles of the readings either side of it, as far as the jumps
+    next to it: two readings differ by twice a reading's noise, and a spike's fall gives back its own rise, not a
+    step's of about its size, by what the levels say (a spike with a step inside it, or a step with a spike on it)."""
+    values = [v for _, v in raw]
+    moved: dict[float, float] = {}
+    for k, ((when, _), (a, b)) in enumerate(zip(found, spans)):
+        lo = spans[k - 1][1] if k else 0
+        hi = spans[k + 1][0] if k + 1 < len(spans) else len(values) - 1
+        moved[when] = median(values[b : hi + 1]) - median(values[lo : a + 1])
+    return moved
+
+
 def _made_again(rise: tuple[float, float], moves: list[tuple[tuple[float, float], float]], within: float) -> bool:
     """The readings made this rise twice more, from where it rose from (each to ``within``; ``moves``: (when, how
     much) and the reading it moved from): the wrap of a background no period was read for yet (a fast tooth aliased
@@ -312,7 +328,10 @@ def came_down(raw: Readings, when: float, rise: float) -> bool:
 
 
 def unmatched_rises(
-    moves: list[tuple[float, float]], within: float | None = None, exact: float | None = None
+    moves: list[tuple[float, float]],
+    within: float | None = None,
+    exact: float | None = None,
+    measured: dict[float, float] | None = None,
 ) -> list[tuple[float, float]]:
     """The rises no later fall of about their size gave back, oldest first.
 
@@ -323,9 +342,9 @@ def unmatched_rises(
     rise back to within it ends a spike all the same where rises of its size came as often,
     unless falls repeat to within it too (a spike frees what it took, to the noise, and
     spikes' heights vary; a tooth's falls are its height, to the noise). A fall gives back the
-    rise closest to it in size; with ``within``, the newest within that of its size (a spike
-    frees what it took, and the spike's own rise is the newest: a step of about its size
-    taken before it is not).
+    rise closest to it in size (as ``measured`` has each, by when, where given); with ``within``,
+    the newest within that of its size (a spike frees what it took, and the spike's own rise is
+    the newest: a step of about its size taken before it is not).
     """
     falls = [-m for _, m in moves if m < 0]
     ups = [m for _, m in moves if m > 0]
@@ -352,7 +371,9 @@ def unmatched_rises(
             continue
         sized = [i for i, (_, r) in enumerate(rises) if alike(-move, r)]
         if sized:
-            del rises[min(sized, key=lambda i: abs(rises[i][1] + move))]
+            size = (measured or {}).get
+            fall = size(when, move)
+            del rises[min(sized, key=lambda i: abs(size(*rises[i]) + fall))]
     return rises
 
 
