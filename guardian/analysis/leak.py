@@ -378,6 +378,7 @@ class LeakDetector:
     def _start_over(self) -> None:
         """What was read from the readings before a restart or a gap proves nothing of what comes after it."""
         self._candidate, self._below_since, self._jump, self._pending = None, None, None, []
+        self._doubted.clear()
         self._unproven.clear()
         self._trace.clear()
         self._prev2 = (None, None)

@@ -298,8 +298,9 @@ def jumps(
 
 def _level_moves(raw: Readings, found: list[tuple[float, float]], spans: list[tuple[int, int]]) -> dict[float, float]:
     """Each jump (by when it came) measured between the middles of the readings either side of it, as far as the jumps
-    next to it: two readings differ by twice a reading's noise, and a spike's fall gives back its own rise, not a
-    step's of about its size, by what the levels say (a spike with a step inside it, or a step with a spike on it)."""
+    next to it: the two readings a jump came between carry their noise into it, the levels little of it. A spike's fall
+    gives back its own rise, not a step's of about its size, by what the levels say (a spike with a step inside it,
+    or a step with a spike on it, which two readings either side may tell the other way round)."""
     values = [v for _, v in raw]
     moved: dict[float, float] = {}
     for k, ((when, _), (a, b)) in enumerate(zip(found, spans)):
