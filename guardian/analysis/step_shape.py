@@ -245,7 +245,6 @@ def jumps(
     """
     exact = tau / 4 if wrap is None else None
     found: list[tuple[float, float]] = []
-    froms: list[float] = []  # the reading each of them moved from
     spans: list[tuple[int, int]] = []  # the readings each of them moved from and into
     last, sign = -2, 0.0
     for i in range(1, len(raw)):
@@ -266,7 +265,6 @@ def jumps(
             last, spans[-1] = i, (spans[-1][0], i)
         elif abs(move) > tau:
             found.append((raw[i][0], move))
-            froms.append(raw[i - 1][1])
             spans.append((i - 1, i))
             last, sign = i, (1.0 if move > 0 else -1.0)
     rises = unmatched_rises(found, exact=exact, measured=_level_moves(raw, found, spans) if wrap is None else None)
@@ -278,7 +276,7 @@ def jumps(
     if wrap is not None:
         rises = [(when, rise) for when, rise in rises if not wrap(when, rise)]
     else:
-        moved = list(zip(found, froms))
+        moved = [(jump, raw[a][1]) for jump, (a, _) in zip(found, spans)]
         rises = [r for r in rises if not _made_again(r, moved, tau / 2)]
     found = held_rises(rises, raw, level)
     # a jump this big would stand out of noise, or of readings that nowhere rose by a third of it at once (a ramp:
@@ -349,6 +347,7 @@ def unmatched_rises(
     """
     falls = [-m for _, m in moves if m < 0]
     ups = [m for _, m in moves if m > 0]
+    size = (measured or {}).get
     rises: list[tuple[float, float]] = []
     for when, move in moves:
         if move > 0:
@@ -372,7 +371,6 @@ def unmatched_rises(
             continue
         sized = [i for i, (_, r) in enumerate(rises) if alike(-move, r)]
         if sized:
-            size = (measured or {}).get
             fall = size(when, move)
             del rises[min(sized, key=lambda i: abs(size(*rises[i]) + fall))]
     return rises
