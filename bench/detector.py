@@ -23,7 +23,11 @@ Scoring, per GPU:
   whose step came as a spike no taller than it ended, between the same two
   readings, is told apart: those readings are a step at the spike's start
   and another at its end as much as a spike and a step (no detector can
-  tell them; the generator's spikes are drawn apart from its steps);
+  tell them; the generator's spikes are drawn apart from its steps); how
+  far before its step each early report came is given in readings (what a
+  date can be placed to) and, for the earliest, in minutes. A report too
+  late for the step before it and within ``late`` of the next is counted
+  early, whichever step it was of;
 - recall over true steps, precision over reported steps (those ≥ 0.75% of
   the card for the ≥ 1% figures);
 - size error |reported − true| / true and time error reported − true on matches;
@@ -76,6 +80,7 @@ class Score:
     early: int = 0
     early_alone: int = 0  # early reports that are the only report of the step after them
     early_spiked: int = 0  # early reports of a step that a spike no taller ended with (``_two_steps_to_see``)
+    early_leads: list[tuple[float, float]] = field(default_factory=list)  # each early report's (readings, seconds) lead
     size_errors: list[float] = field(default_factory=list)
     time_errors: list[float] = field(default_factory=list)
     gpus: int = 0
@@ -157,6 +162,8 @@ def _score_steps(
                 for cell in cells:
                     cell.early += 1
                     cell.early_spiked += spiked
+                    lead = true[after[0]].t - step.t
+                    cell.early_leads.append((lead / interval, lead))
             continue
         if j in matched:
             for cell in cells:
@@ -185,6 +192,15 @@ def _two_steps_to_see(truth: smi_logs.GpuTruth, times: list[float], step: smi_lo
     if not 0 < i < len(times):
         return False
     return any(times[i - 1] < end <= times[i] and height <= step.size + 3 * truth.noise for _, end, height in truth.spikes)
+
+
+def _leads(leads: list[tuple[float, float]]) -> str:
+    """How far before their steps early reports came: in readings (what the sampling lets a date be placed to) and,
+    for the earliest, in time."""
+    if not leads:
+        return ""
+    return (f"; by a median of {median([r for r, _ in leads]):.1f} readings, at most {max(r for r, _ in leads):.1f} "
+            f"readings and {max(s for _, s in leads) / 60:.1f} minutes")  # fmt: skip
 
 
 def pct(a: int, b: int) -> str:
@@ -263,7 +279,8 @@ def main() -> int:
     print(f"size error (≥ 1%): median {median(b.size_errors):.1%}, p95 {p95(b.size_errors):.1%}")
     print(f"time error (≥ 1%): median {median(b.time_errors):.0f} s, p95 {p95(b.time_errors):.0f} s; "
           f"early reports {a.early} ({a.early_alone} the only report of their step; {a.early_spiked} where a spike no "
-          f"taller ended between the readings the step came between), split steps {a.split}")  # fmt: skip
+          f"taller ended between the readings the step came between{_leads(a.early_leads)}), "
+          f"split steps {a.split}")  # fmt: skip
     print(f"verdicts: {pct(a.verdicts_right, a.judged)} right over {a.judged} GPUs; false leak verdicts "
           f"{a.false_verdicts / weeks:.2f} per GPU-week; daemon-mode false episodes {a.live_false / weeks:.2f} "
           f"per GPU-week ({weeks:.1f} leak-free GPU-weeks); {a.unshown} GPU{'' if a.unshown == 1 else 's'} not judged: they leaked where the log "
