@@ -159,10 +159,10 @@ def _score_steps(
             if after and true[after[0]].t - step.t <= late:
                 before.append((after[0], cells))
                 spiked = _two_steps_to_see(truth, v.series.times, true[after[0]])
+                lead = true[after[0]].t - step.t
                 for cell in cells:
                     cell.early += 1
                     cell.early_spiked += spiked
-                    lead = true[after[0]].t - step.t
                     cell.early_leads.append((lead / interval, lead))
             continue
         if j in matched:

@@ -163,7 +163,7 @@ def _spike_and_step(first: float, second: float, fall: float, step_first: bool) 
     """Readings every 15 s in noise of 0.05: twenty on the old level (0), rises of ``first`` and ``second``, the second
     read first as ``second`` over the readings before it, and a fall of ``fall`` read the same way; the levels between
     are those of a step with a spike on it (``step_first``) or of a spike with a step inside it. The two readings
-    either side of each jump are the noisiest of them: they say the other than the levels do."""
+    either side of each jump are the noisiest of them: they pair the fall the other way round from the levels."""
     noise = [0.03, -0.05, 0.04, -0.02, 0.05, -0.04, 0.01, -0.03, 0.02, 0.0]
     step, spike = (first, second) if step_first else (second, first)
     levels = [0.0] * 20 + [first] * 20 + [first + second] * 6 + [step] * 20
