@@ -106,6 +106,11 @@ class Unfolder:
             times = np.fromiter(itertools.islice(self._times, len(self._times) - n, None), float)
             values = np.fromiter(itertools.islice(self._values, len(self._values) - n, None), float)
             self.fold = fold(times, values, was or self._known, phased=not anew)
+            if was is not None and self.fold is None:
+                # near a rational alias (readings that come round to a few phases, drifting slowly) the frequency
+                # a first fit finds is off by more than its span says, and a refit held at its phase fails though
+                # the tooth is plainly there: refitted at any phase, the refits walk to the frequency
+                self.fold = fold(times, values, was, phased=False)
             # each refit waits longer (the frequency is known better each time), as does each search that
             # found nothing (readings that repeat, but not as a tooth)
             self._wait = self.every if anew == (self.fold is not None) else min(2 * self._wait, 8 * self.every)
