@@ -49,8 +49,9 @@ class Fold:
 
 class Unfolder:
     """The tooth taken off each reading as it comes: found on the newest readings where they repeat, and
-    refitted as they come near the frequency it had (a tooth that stops, or changes, is no longer taken
-    off; extrapolated for long, a phase a little off would put readings on the wrong side of its wrap)."""
+    refitted as they come near the frequency it had, at its phase or else at any (a tooth that stops, or
+    changes, is no longer taken off; extrapolated for long, a phase a little off would put readings on the
+    wrong side of its wrap)."""
 
     def __init__(self, size: int = 60, every: int = 30, keep: int = 480) -> None:
         self.size, self.every = size, every
