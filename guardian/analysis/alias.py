@@ -107,11 +107,6 @@ class Unfolder:
             times = np.fromiter(itertools.islice(self._times, len(self._times) - n, None), float)
             values = np.fromiter(itertools.islice(self._values, len(self._values) - n, None), float)
             self.fold = fold(times, values, was or self._known, phased=not anew)
-            if was is not None and self.fold is None:
-                # near a rational alias (readings that come round to a few phases, drifting slowly) the frequency
-                # a first fit finds is off by more than its span says, and a refit held at its phase fails though
-                # the tooth is plainly there: refitted at any phase, the refits walk to the frequency
-                self.fold = fold(times, values, was, phased=False)
             # each refit waits longer (the frequency is known better each time), as does each search that
             # found nothing (readings that repeat, but not as a tooth)
             self._wait = self.every if anew == (self.fold is not None) else min(2 * self._wait, 8 * self.every)
@@ -133,11 +128,11 @@ class Unfolder:
 
 
 def fold(times: np.ndarray, values: np.ndarray, was: Fold | None = None, phased: bool = True) -> Fold | None:
-    """The tooth that folds these readings (near the one they had, ``was``, if given, at its phase unless
-    ``phased`` is false), or None: the tooth must take away most of the jumps between readings (what is left
-    is their noise), and one looked for anew must make their differences in phase order at most a third as
-    rough as in time order (a flat series, a ramp or spikes fold no smoother: a bound too strict for a tooth
-    aliased to a slow one, a wrap every ten readings, once found)."""
+    """The tooth that folds these readings (near the one they had, ``was``, if given: at its phase where it
+    still fits there, unless ``phased`` is false, else at any), or None: the tooth must take away most of the
+    jumps between readings (what is left is their noise), and one looked for anew must make their differences
+    in phase order at most a third as rough as in time order (a flat series, a ramp or spikes fold no smoother:
+    a bound too strict for a tooth aliased to a slow one, a wrap every ten readings, once found)."""
     span = float(times[-1] - times[0])
     n = len(values)
     if n < (10 if was is not None else 30) or span <= 0:
@@ -149,10 +144,15 @@ def fold(times: np.ndarray, values: np.ndarray, was: Fold | None = None, phased:
     if was is not None:
         near = 0.1 / was.span
         nus = np.linspace(was.nu - near, was.nu + near, 21)
-        if not phased:
-            return _tooth_fit(nus, times, values, (was.shape,), np.arange(64) / 64)
-        start = (was.t0 - times[0]) * was.nu % 1.0
-        return _tooth_fit(nus, times, values, (was.shape,), (start + np.arange(-2, 3) / 64) % 1.0, found=True)
+        if phased:
+            start = (was.t0 - times[0]) * was.nu % 1.0
+            held = _tooth_fit(nus, times, values, (was.shape,), (start + np.arange(-2, 3) / 64) % 1.0, found=True)
+            if held is not None:
+                return held
+            # near a rational alias (readings that come round to a few phases, drifting slowly) the frequency a
+            # first fit finds is off by more than its span says, and a refit held at its phase fails though the
+            # tooth is plainly there: refitted at any phase, the refits walk to the frequency
+        return _tooth_fit(nus, times, values, (was.shape,), np.arange(64) / 64)
     trials = np.arange(2.0 / span, 0.5 * (n - 1) / span, step)  # two cycles at least: slower is drift; the rest mirror these
     # the differences between readings, not the readings: a step moves the level of every reading after it
     # (in phase order, readings from either side of it alternate) but is one difference
