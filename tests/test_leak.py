@@ -333,6 +333,29 @@ def test_a_restart_gives_the_steps_back_and_the_whole_log_still_shows_the_leak()
     assert episode.start == after.steps[0].t
 
 
+@pytest.mark.parametrize(("seed", "after_load"), [(4, 300), (5, 300), (5, 540)])
+def test_a_step_soon_after_a_restart_while_the_last_lifes_tooth_is_looked_for_again_is_found_at_its_reading(
+    seed: int, after_load: int
+) -> None:
+    """A 90 s tooth of 1% of the card read every minute, folded off the readings; the engine restarts (the tooth
+    comes back at another phase) and a 4.7% step comes 5 or 9 minutes after the load, before twenty readings have
+    found the tooth again. The step is reported at its reading and its size, not missed."""
+    rng, card, restart = random.Random(seed), 150 * GiB, 4 * 3600.0
+    step = restart + 300 + after_load
+
+    def memory(t: float) -> float:
+        if restart <= t < restart + 120:
+            return 4 * GiB  # the engine died: its memory is freed until the new one loads
+        phase = 0.0 if t < restart else 37.0
+        tooth = 1.5 * GiB * ((t + phase) / 89.87 % 1.0)
+        return 120 * GiB + tooth + 7 * GiB * (t >= step) + rng.gauss(0, 0.1 * GiB)
+
+    det, _ = _run([memory(t) for t in range(0, 7 * 3600, 60)], budget=card, capacity=card, dt=60.0)
+    (found,) = det.finish(7 * 3600.0).steps
+    assert found.t == step and found.ended_by is None
+    assert found.size == pytest.approx(7 * GiB, rel=0.1)
+
+
 def test_steps_cut_short_by_an_out_of_memory_still_count() -> None:
     # the last step is still in its hold when the engine dies: its jump is in the readings
     values = _noisy([(600, 50 * GiB), (900, 51 * GiB), (900, 52 * GiB), (120, 53 * GiB), (5, 0.0)])

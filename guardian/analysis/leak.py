@@ -249,7 +249,7 @@ class LeakDetector:
             if self._unfold.read_again is not None:
                 self._refold(self._unfold.read_again, anew=(was is None) != (self._unfold.fold is None))
             if refinding and not self._unfold.refinding:
-                self._relevel()
+                self._relevel(t)
         last = self._last
         if last is not None:
             self._dts.append(t - last[0])
@@ -353,16 +353,22 @@ class LeakDetector:
                 pending.append((when, self._raw[i - 1][1], rise))
         self._pending = pending
 
-    def _relevel(self) -> None:
+    def _relevel(self, t: float) -> None:
         """The tooth was looked for again after a restart: the level the load left is read again, as the floor of the
         readings since the load as they are now (it was read with the tooth on them, at a phase no one knew), and the
-        base with it if the load set it."""
+        base with it if the load set it. The floor's course since the load is traced too: none was while the tooth was
+        looked for, and a step among those readings is dated from where the floor left the level (``_left``)."""
         assert self._level is not None
         start = self._loaded_at
-        first = [v for s, v in self._raw if start <= s <= start + self._window(start)]
-        if len(first) < 3:
+        since = [(s, v) for s, v in self._raw if s >= start]
+        values = [v for _, v in since]
+        medians = [(s, sorted(three)[1]) for (s, _), three in zip(since[2:], zip(values, values[1:], values[2:]))]
+        window = self._window(t)
+        self._trace = deque((s, min(m for r, m in medians if s - window <= r <= s)) for s, _ in medians)
+        first = [m for s, m in medians if s <= start + self._window(start)]
+        if not first:
             return
-        level = min(sorted(three)[1] for three in zip(first, first[1:], first[2:]))
+        level = min(first)
         if self._base == self._level:
             self._base = level
         self._level = level
