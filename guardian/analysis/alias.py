@@ -186,7 +186,10 @@ def _tooth_fit(
 ) -> Fold | None:
     """The frequency, shape, phase and height whose differences between readings match the readings' own,
     a step's jump (one difference far off the fit) weighted out; held to less once ``found`` (readings that
-    switch between taking a tooth off and not jump by it each time)."""
+    switch between taking a tooth off and not jump by it each time). Where a tooth is looked for (not yet
+    ``found``), the difference it fits worst is left out of what it must explain as well: on the 20-60 readings a
+    search has, one step's jump can be a third of their roughness, and after a restart a step among the twenty
+    readings kept the last life's tooth from being found again for good (and drew the fit to put a wrap on it)."""
     diffs = np.diff(values)
     nu = np.repeat(nus, len(starts))
     start = np.tile(starts, len(nus))
@@ -203,18 +206,21 @@ def _tooth_fit(
             scale = np.maximum(1.4826 * np.median(residual, axis=1), 1e-9)
             weights = np.minimum(1.0, 2.0 * scale[:, None] / np.maximum(residual, 1e-12))
         residual = np.abs(diffs - amplitude[:, None] * tooth)
-        # the sum, not the median: most differences are the tooth's slope, and only the sum sees its wraps
-        lefts = residual.sum(axis=1)
+        # the sum, not the median: most differences are the tooth's slope, and only the sum sees its wraps (less
+        # the worst, a step's, where the tooth is looked for)
+        lefts = residual.sum(axis=1) - (0.0 if found else residual.max(axis=1))
         lefts[amplitude <= 0] = np.inf
         i = int(np.argmin(lefts))
         if best is None or lefts[i] < best[0]:
             best = (float(lefts[i]), i, float(amplitude[i]), shape)
             misfit = float(np.median(residual[i]))
+            worst = int(np.argmax(residual[i]))
     assert best is not None
     left, i, height, shape = best
     # the tooth must explain the readings' jumps: what is left is about their noise, far under the tooth, and
     # the readings less the tooth at most a third as rough as they are
-    if not (height > (3 if found else 6) * misfit and left < np.abs(diffs).sum() / (2 if found else 3)):
+    rough = np.abs(diffs).sum() - (0.0 if found else abs(float(diffs[worst])))
+    if not (height > (3 if found else 6) * misfit and left < rough / (2 if found else 3)):
         return None
     at = float(times[0]) + float(start[i]) / float(nu[i])
     return Fold(nu=float(nu[i]), span=float(times[-1] - times[0]), t0=at, amplitude=height, shape=shape)
