@@ -187,9 +187,10 @@ def _tooth_fit(
     """The frequency, shape, phase and height whose differences between readings match the readings' own,
     a step's jump (one difference far off the fit) weighted out; held to less once ``found`` (readings that
     switch between taking a tooth off and not jump by it each time). Where a tooth is looked for (not yet
-    ``found``), the difference it fits worst is left out of what it must explain as well: on the 20-60 readings a
-    search has, one step's jump can be a third of their roughness, and after a restart a step among the twenty
-    readings kept the last life's tooth from being found again for good (and drew the fit to put a wrap on it)."""
+    ``found``), a difference larger than the tooth could make (by misplacing a whole wrap) is left out of what it
+    must explain as well: on the 20-60 readings a search has, one step's jump can be a third of their roughness,
+    and after a restart a step among the twenty readings kept the last life's tooth from being found again for good
+    (and drew the fit to put a wrap on it). Differences the tooth could have made all count, as they did."""
     diffs = np.diff(values)
     nu = np.repeat(nus, len(starts))
     start = np.tile(starts, len(nus))
@@ -206,20 +207,22 @@ def _tooth_fit(
             scale = np.maximum(1.4826 * np.median(residual, axis=1), 1e-9)
             weights = np.minimum(1.0, 2.0 * scale[:, None] / np.maximum(residual, 1e-12))
         residual = np.abs(diffs - amplitude[:, None] * tooth)
-        # the sum, not the median: most differences are the tooth's slope, and only the sum sees its wraps (less
-        # the worst, a step's, where the tooth is looked for)
-        lefts = residual.sum(axis=1) - (0.0 if found else residual.max(axis=1))
+        # the sum, not the median: most differences are the tooth's slope, and only the sum sees its wraps (less a
+        # step's, where the tooth is looked for: the worst, where it is larger than the tooth)
+        worst = residual.max(axis=1)
+        stepped = np.zeros(len(nu), bool) if found else worst > np.abs(amplitude)
+        lefts = residual.sum(axis=1) - np.where(stepped, worst, 0.0)
         lefts[amplitude <= 0] = np.inf
         i = int(np.argmin(lefts))
         if best is None or lefts[i] < best[0]:
             best = (float(lefts[i]), i, float(amplitude[i]), shape)
             misfit = float(np.median(residual[i]))
-            worst = int(np.argmax(residual[i]))
+            step_at = int(np.argmax(residual[i])) if stepped[i] else None
     assert best is not None
     left, i, height, shape = best
     # the tooth must explain the readings' jumps: what is left is about their noise, far under the tooth, and
     # the readings less the tooth at most a third as rough as they are
-    rough = np.abs(diffs).sum() - (0.0 if found else abs(float(diffs[worst])))
+    rough = np.abs(diffs).sum() - (0.0 if step_at is None else abs(float(diffs[step_at])))
     if not (height > (3 if found else 6) * misfit and left < rough / (2 if found else 3)):
         return None
     at = float(times[0]) + float(start[i]) / float(nu[i])
