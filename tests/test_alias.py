@@ -103,9 +103,10 @@ def test_after_a_restart_the_tooth_is_found_again_from_its_frequency_on_fewer_re
 def test_after_a_restart_the_tooth_is_found_again_though_a_step_five_times_its_height_comes_among_the_readings(
     seed: int,
 ) -> None:
-    """A step is one difference between readings: left out of how much of the readings' roughness the tooth must
-    explain, it does not stop the twenty readings after a restart finding the tooth again (a 5% step under a 1%
-    tooth had left the tooth on the readings for good, at 0.36-0.40% of the card)."""
+    """A step is one difference between readings, and one five times the tooth's height is larger than the tooth
+    could make: left out of how much of the readings' roughness the tooth must explain, it does not stop the twenty
+    readings after a restart finding the tooth again (a 5% step under a 1% tooth had left the tooth on the readings
+    for good, at 0.36-0.40% of the card)."""
     unfolder = Unfolder()
     times, values, _ = _readings(90, 89.87, 0.01 * CARD, {}, seed=seed, phase=0.1)
     for t, v in zip(times, values):
